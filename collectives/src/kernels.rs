@@ -1,0 +1,275 @@
+//! Reduction kernels over raw bytes. The data type and operator are dispatched once per call;
+//! the inner loops are plain slice loops the compiler vectorizes.
+
+use crate::dtype::{DataType, ReduceOp};
+use half::{bf16, f16};
+
+/// Elements per block in [`reduce_many`]: the accumulator block stays in L1.
+const BLOCK_BYTES: usize = 4096;
+
+trait Arith: Copy + Default {
+    fn sum(a: Self, b: Self) -> Self;
+    fn prod(a: Self, b: Self) -> Self;
+    fn min(a: Self, b: Self) -> Self;
+    fn max(a: Self, b: Self) -> Self;
+    fn div(a: Self, n: usize) -> Self;
+}
+
+macro_rules! arith_int {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)] fn sum(a: Self, b: Self) -> Self { a.wrapping_add(b) }
+            #[inline(always)] fn prod(a: Self, b: Self) -> Self { a.wrapping_mul(b) }
+            #[inline(always)] fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            #[inline(always)] fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
+            #[inline(always)] fn div(a: Self, n: usize) -> Self { a.wrapping_div(n as $t) }
+        }
+    )*};
+}
+arith_int!(i8, u8, i32, u32, i64, u64);
+
+macro_rules! arith_float {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)] fn sum(a: Self, b: Self) -> Self { a + b }
+            #[inline(always)] fn prod(a: Self, b: Self) -> Self { a * b }
+            #[inline(always)] fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            #[inline(always)] fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
+            #[inline(always)] fn div(a: Self, n: usize) -> Self { a / (n as $t) }
+        }
+    )*};
+}
+arith_float!(f32, f64);
+
+macro_rules! arith_half {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)] fn sum(a: Self, b: Self) -> Self { <$t>::from_f32(a.to_f32() + b.to_f32()) }
+            #[inline(always)] fn prod(a: Self, b: Self) -> Self { <$t>::from_f32(a.to_f32() * b.to_f32()) }
+            #[inline(always)] fn min(a: Self, b: Self) -> Self { if b < a { b } else { a } }
+            #[inline(always)] fn max(a: Self, b: Self) -> Self { if b > a { b } else { a } }
+            #[inline(always)] fn div(a: Self, n: usize) -> Self { <$t>::from_f32(a.to_f32() / n as f32) }
+        }
+    )*};
+}
+arith_half!(f16, bf16);
+
+#[inline(always)]
+fn combine<T: Arith>(dst: &mut [T], src: &[T], f: impl Fn(T, T) -> T) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = f(*d, *s);
+    }
+}
+
+#[inline(always)]
+fn combine_op<T: Arith>(op: ReduceOp, dst: &mut [T], src: &[T]) {
+    match op.combiner() {
+        ReduceOp::Sum | ReduceOp::Avg => combine(dst, src, T::sum),
+        ReduceOp::Prod => combine(dst, src, T::prod),
+        ReduceOp::Min => combine(dst, src, T::min),
+        ReduceOp::Max => combine(dst, src, T::max),
+    }
+}
+
+/// Reinterpret raw bytes as `T`, copying through an aligned scratch when the bytes are unaligned.
+unsafe fn typed<'a, T>(p: *const u8, n: usize) -> &'a [T] {
+    std::slice::from_raw_parts(p as *const T, n)
+}
+unsafe fn typed_mut<'a, T>(p: *mut u8, n: usize) -> &'a mut [T] {
+    std::slice::from_raw_parts_mut(p as *mut T, n)
+}
+
+fn aligned<T>(p: *const u8) -> bool {
+    (p as usize) % std::mem::align_of::<T>() == 0
+}
+
+/// `dst[i] = dst[i] op src[i]` for every element. `dst` and `src` must have the same length, a
+/// multiple of the element size. Unaligned buffers are handled (more slowly).
+pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "reduce_into: length mismatch");
+    // SAFETY: both slices are valid for their lengths and do not overlap (borrow rules).
+    unsafe { reduce_into_raw(dtype, op, dst.as_mut_ptr(), src.as_ptr(), dst.len()) }
+}
+
+/// Raw-pointer form of [`reduce_into`]; `dst` and `src` may not partially overlap (equal is fine).
+///
+/// # Safety
+/// `dst` must be valid for writes and `src` for reads of `bytes` bytes.
+pub unsafe fn reduce_into_raw(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    src: *const u8,
+    bytes: usize,
+) {
+    macro_rules! go {
+        ($t:ty) => {{
+            let n = bytes / std::mem::size_of::<$t>();
+            if aligned::<$t>(dst) && aligned::<$t>(src) {
+                combine_op::<$t>(op, typed_mut::<$t>(dst, n), typed::<$t>(src, n));
+            } else {
+                let mut a = vec![<$t>::default(); n.min(BLOCK_BYTES)];
+                let mut b = vec![<$t>::default(); n.min(BLOCK_BYTES)];
+                let mut done = 0;
+                while done < n {
+                    let k = (n - done).min(a.len());
+                    let sz = std::mem::size_of::<$t>();
+                    std::ptr::copy_nonoverlapping(dst.add(done * sz), a.as_mut_ptr() as *mut u8, k * sz);
+                    std::ptr::copy_nonoverlapping(src.add(done * sz), b.as_mut_ptr() as *mut u8, k * sz);
+                    combine_op::<$t>(op, &mut a[..k], &b[..k]);
+                    std::ptr::copy_nonoverlapping(a.as_ptr() as *const u8, dst.add(done * sz), k * sz);
+                    done += k;
+                }
+            }
+        }};
+    }
+    dispatch!(dtype, go);
+}
+
+macro_rules! dispatch {
+    ($dtype:expr, $go:ident) => {
+        match $dtype {
+            DataType::I8 => $go!(i8),
+            DataType::U8 => $go!(u8),
+            DataType::I32 => $go!(i32),
+            DataType::U32 => $go!(u32),
+            DataType::I64 => $go!(i64),
+            DataType::U64 => $go!(u64),
+            DataType::F16 => $go!(f16),
+            DataType::Bf16 => $go!(bf16),
+            DataType::F32 => $go!(f32),
+            DataType::F64 => $go!(f64),
+        }
+    };
+}
+use dispatch;
+
+/// `dst = srcs[0] op srcs[1] op ... op srcs[k-1]`, combined in that order for every element (so
+/// every rank that uses the same order gets bit-identical results). `dst` may alias any source.
+/// Works block by block so the accumulator stays in L1.
+///
+/// # Safety
+/// `dst` must be valid for writes and every source for reads of `bytes` bytes; sources may be
+/// shared memory that other processes do not write during the call.
+pub unsafe fn reduce_many_raw(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    srcs: &[*const u8],
+    bytes: usize,
+) {
+    if srcs.is_empty() || bytes == 0 {
+        return;
+    }
+    if srcs.len() == 1 {
+        if srcs[0] != dst as *const u8 {
+            std::ptr::copy(srcs[0], dst, bytes);
+        }
+        return;
+    }
+    #[repr(C, align(64))]
+    struct Block([u8; BLOCK_BYTES]);
+    let mut acc = Block([0u8; BLOCK_BYTES]);
+    let mut off = 0;
+    while off < bytes {
+        let k = (bytes - off).min(BLOCK_BYTES);
+        std::ptr::copy_nonoverlapping(srcs[0].add(off), acc.0.as_mut_ptr(), k);
+        for s in &srcs[1..] {
+            reduce_into_raw(dtype, op, acc.0.as_mut_ptr(), s.add(off), k);
+        }
+        std::ptr::copy_nonoverlapping(acc.0.as_ptr(), dst.add(off), k);
+        off += k;
+    }
+}
+
+/// Finish an average: divide every element by `n` (integer division for integer types).
+pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) {
+    if n <= 1 {
+        return;
+    }
+    macro_rules! go {
+        ($t:ty) => {{
+            let sz = std::mem::size_of::<$t>();
+            let count = buf.len() / sz;
+            if aligned::<$t>(buf.as_ptr()) {
+                // SAFETY: aligned, in bounds, POD.
+                let s = unsafe { typed_mut::<$t>(buf.as_mut_ptr(), count) };
+                for x in s {
+                    *x = <$t as Arith>::div(*x, n);
+                }
+            } else {
+                for c in buf.chunks_exact_mut(sz) {
+                    // SAFETY: c holds exactly one element.
+                    unsafe {
+                        let v = std::ptr::read_unaligned(c.as_ptr() as *const $t);
+                        std::ptr::write_unaligned(c.as_mut_ptr() as *mut $t, <$t as Arith>::div(v, n));
+                    }
+                }
+            }
+        }};
+    }
+    dispatch!(dtype, go);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::{as_bytes, as_bytes_mut};
+
+    #[test]
+    fn every_dtype_and_op() {
+        for op in ReduceOp::ALL {
+            let mut a: Vec<f32> = (0..37).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..37).map(|i| (40 - i) as f32).collect();
+            let want: Vec<f32> = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| match op {
+                    ReduceOp::Sum | ReduceOp::Avg => x + y,
+                    ReduceOp::Prod => x * y,
+                    ReduceOp::Min => x.min(*y),
+                    ReduceOp::Max => x.max(*y),
+                })
+                .collect();
+            reduce_into(DataType::F32, op, as_bytes_mut(&mut a), as_bytes(&b));
+            assert_eq!(a, want, "{op}");
+        }
+        let mut a = [100i8, -128, 5];
+        let b = [100i8, -1, 7];
+        reduce_into(DataType::I8, ReduceOp::Sum, as_bytes_mut(&mut a), as_bytes(&b));
+        assert_eq!(a, [-56, 127, 12], "wrapping");
+        let mut h = [f16::from_f32(3.0), f16::from_f32(-2.0)];
+        let g = [f16::from_f32(4.0), f16::from_f32(8.0)];
+        reduce_into(DataType::F16, ReduceOp::Prod, as_bytes_mut(&mut h), as_bytes(&g));
+        assert_eq!(h, [f16::from_f32(12.0), f16::from_f32(-16.0)]);
+        let mut u = [5u64, 9];
+        reduce_into(DataType::U64, ReduceOp::Max, as_bytes_mut(&mut u), as_bytes(&[7u64, 1]));
+        assert_eq!(u, [7, 9]);
+    }
+
+    #[test]
+    fn many_sources_aliasing_and_unaligned() {
+        let n = 5000usize;
+        let srcs: Vec<Vec<i32>> = (0..4).map(|r| (0..n as i32).map(|i| i * (r + 1)).collect()).collect();
+        let mut dst = srcs[2].clone();
+        let ptrs: Vec<*const u8> = srcs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| if i == 2 { dst.as_ptr() as *const u8 } else { s.as_ptr() as *const u8 })
+            .collect();
+        unsafe { reduce_many_raw(DataType::I32, ReduceOp::Sum, dst.as_mut_ptr() as *mut u8, &ptrs, n * 4) };
+        for (i, v) in dst.iter().enumerate() {
+            assert_eq!(*v, i as i32 * 10);
+        }
+        // unaligned byte buffers
+        let mut raw = vec![0u8; 8 * 3 + 1];
+        let src = [1.5f64, 2.0, -3.0];
+        raw[1..].copy_from_slice(as_bytes(&[1.0f64, 1.0, 1.0]));
+        reduce_into(DataType::F64, ReduceOp::Sum, &mut raw[1..], as_bytes(&src));
+        let got: Vec<f64> = raw[1..].chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, [2.5, 3.0, -2.0]);
+        let mut avg = [7i32, -9, 8];
+        finish_avg(DataType::I32, as_bytes_mut(&mut avg), 2);
+        assert_eq!(avg, [3, -4, 4]);
+    }
+}

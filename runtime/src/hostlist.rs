@@ -1,0 +1,1 @@
+//! Slurm hostlist grammar (filled in by the host-sources work).

@@ -1,0 +1,1 @@
+//! Topology model and loaders.

@@ -1,0 +1,1 @@
+//! Emulated cluster harness.
