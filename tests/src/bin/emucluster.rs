@@ -1,0 +1,133 @@
+//! `emucluster`: bring an emulated railring cluster up/down by hand.
+//!
+//! ```text
+//! emucluster up   --hosts 2 --rails 2 [--rate 1gbit] --state DIR
+//! emucluster exec --state DIR HOST [-- cmd args...]    (no cmd: interactive shell)
+//! emucluster info --state DIR
+//! emucluster down --state DIR
+//! emucluster gc                                        (clusters whose owner died)
+//! ```
+//! Same code as the test library (`railring_tests::cluster`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use railring_tests::cluster::{gc_stale, Cluster, ClusterSpec, UpOptions};
+
+const USAGE: &str = "usage:
+  emucluster up   --hosts N --rails R [--rate RATE] --state DIR
+  emucluster exec --state DIR HOST [-- CMD ARGS...]
+  emucluster info --state DIR
+  emucluster down --state DIR
+  emucluster gc";
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("emucluster: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct Opts {
+    hosts: usize,
+    rails: usize,
+    rate: Option<String>,
+    state: Option<PathBuf>,
+    positional: Vec<String>,
+    rest: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts { hosts: 2, rails: 2, rate: None, state: None, positional: Vec::new(), rest: Vec::new() };
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let mut val = |name: &str| -> Result<String, String> {
+            i += 1;
+            args.get(i).cloned().ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        match a {
+            "--hosts" => o.hosts = val(a)?.parse().map_err(|e| format!("--hosts: {e}"))?,
+            "--rails" => o.rails = val(a)?.parse().map_err(|e| format!("--rails: {e}"))?,
+            "--rate" => o.rate = Some(val(a)?),
+            "--state" => o.state = Some(PathBuf::from(val(a)?)),
+            "--" => {
+                o.rest = args[i + 1..].to_vec();
+                break;
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            s if s.starts_with("--") => return Err(format!("unknown option {s}\n{USAGE}")),
+            s => o.positional.push(s.to_string()),
+        }
+        i += 1;
+    }
+    Ok(o)
+}
+
+fn run(args: Vec<String>) -> Result<ExitCode, String> {
+    let Some((cmd, rest)) = args.split_first() else { return Err(USAGE.to_string()) };
+    let o = parse(rest)?;
+    let state = || o.state.clone().ok_or_else(|| format!("--state DIR is required\n{USAGE}"));
+    match cmd.as_str() {
+        "up" => {
+            let dir = state()?;
+            Cluster::available()?;
+            let t = std::time::Instant::now();
+            let c = Cluster::up_with(
+                ClusterSpec { hosts: o.hosts, rails: o.rails, rail_rate: o.rate.clone() },
+                UpOptions { dir: Some(dir), detached: true },
+            )?;
+            let me = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or("emucluster".into());
+            let d = c.dir().display().to_string();
+            print!("{}", c.describe());
+            println!("up in {:.2}s. Enter a host:", t.elapsed().as_secs_f64());
+            println!("  {me} exec --state {d} n1                 # interactive shell on n1");
+            println!("  {me} exec --state {d} head -- {} n1 hostname", c.ssh_command());
+            println!("  nsenter -t {} -n -u -m bash            # same as exec head", c.holder_pid("head"));
+            println!("ssh config: {}   hostfile: {}", c.ssh_config().display(), c.hostfile(1)?.display());
+            println!("tear down:  {me} down --state {d}");
+            c.detach()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        "exec" => {
+            let c = Cluster::attach(&state()?)?;
+            let host = o.positional.first().ok_or_else(|| format!("exec needs a HOST\n{USAGE}"))?;
+            let argv: Vec<String> = if o.rest.is_empty() {
+                vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/bash".into())]
+            } else {
+                o.rest.clone()
+            };
+            if !c.host_names().contains(host) && host != "head" {
+                return Err(format!("unknown host {host:?} (have head, {})", c.host_names().join(", ")));
+            }
+            let st = c.exec_os(host, &argv).status().map_err(|e| format!("nsenter: {e}"))?;
+            Ok(ExitCode::from(st.code().unwrap_or(128) as u8))
+        }
+        "info" => {
+            let c = Cluster::attach(&state()?)?;
+            print!("{}", c.describe());
+            println!("ssh command: {}", c.ssh_command());
+            Ok(ExitCode::SUCCESS)
+        }
+        "down" => {
+            let dir = state()?;
+            let t = std::time::Instant::now();
+            if !dir.join("state").exists() && !dir.exists() {
+                println!("no cluster at {} (already down)", dir.display());
+                return Ok(ExitCode::SUCCESS);
+            }
+            Cluster::attach(&dir)?.down()?;
+            println!("down in {:.2}s", t.elapsed().as_secs_f64());
+            Ok(ExitCode::SUCCESS)
+        }
+        "gc" => {
+            let removed = gc_stale()?;
+            println!("removed {} stale cluster(s): {removed:?}", removed.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => Err(USAGE.to_string()),
+    }
+}
