@@ -1,4 +1,15 @@
 //! railring: collective communication for every machine.
+pub mod bootstrap;
+pub mod config;
+pub mod error;
+pub mod host;
 pub mod hostlist;
 pub mod topology;
-pub mod bootstrap;
+pub mod transport;
+
+pub use error::{Error, Result};
+pub mod comm;
+pub mod executor;
+
+pub use comm::{Communicator, Pending};
+pub use railring_collectives::{DataType, Element, ReduceOp};

@@ -62,7 +62,11 @@ pub enum AuthError {
 
 /// Client side: connect-er proves first, then checks the server's proof. `purpose` binds the
 /// handshake to a use (e.g. "store" or "data:3->5") so a proof cannot be replayed elsewhere.
-pub fn client_handshake<S: Read + Write>(s: &mut S, secret: &[u8], purpose: &str) -> Result<(), AuthError> {
+pub fn client_handshake<S: Read + Write>(
+    s: &mut S,
+    secret: &[u8],
+    purpose: &str,
+) -> Result<(), AuthError> {
     let mut hello = [0u8; 8 + NONCE];
     s.read_exact(&mut hello)?;
     if &hello[..8] != MAGIC {
@@ -73,7 +77,10 @@ pub fn client_handshake<S: Read + Write>(s: &mut S, secret: &[u8], purpose: &str
     random_bytes(&mut nc)?;
     let p = purpose.as_bytes();
     if p.len() > 255 {
-        return Err(AuthError::WrongPurpose { got: purpose.into(), want: "<=255 bytes".into() });
+        return Err(AuthError::WrongPurpose {
+            got: purpose.into(),
+            want: "<=255 bytes".into(),
+        });
     }
     let t = tag(secret, b"client", p, ns, &nc);
     let mut msg = Vec::with_capacity(NONCE + TAG + 1 + p.len());
@@ -92,7 +99,11 @@ pub fn client_handshake<S: Read + Write>(s: &mut S, secret: &[u8], purpose: &str
 }
 
 /// Server side. Returns the purpose string the client proved (checked against `want` when given).
-pub fn server_handshake<S: Read + Write>(s: &mut S, secret: &[u8], want: Option<&str>) -> Result<String, AuthError> {
+pub fn server_handshake<S: Read + Write>(
+    s: &mut S,
+    secret: &[u8],
+    want: Option<&str>,
+) -> Result<String, AuthError> {
     let mut ns = [0u8; NONCE];
     random_bytes(&mut ns)?;
     let mut hello = Vec::with_capacity(8 + NONCE);
@@ -113,7 +124,10 @@ pub fn server_handshake<S: Read + Write>(s: &mut S, secret: &[u8], want: Option<
     let purpose = String::from_utf8_lossy(&p).into_owned();
     if let Some(w) = want {
         if w != purpose {
-            return Err(AuthError::WrongPurpose { got: purpose, want: w.into() });
+            return Err(AuthError::WrongPurpose {
+                got: purpose,
+                want: w.into(),
+            });
         }
     }
     s.write_all(&tag(secret, b"server", &p, &ns, nc))?;
@@ -126,7 +140,10 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
 
-    fn pair(cs: &'static str, ss: &'static str) -> (Result<(), AuthError>, Result<String, AuthError>) {
+    fn pair(
+        cs: &'static str,
+        ss: &'static str,
+    ) -> (Result<(), AuthError>, Result<String, AuthError>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {

@@ -55,7 +55,11 @@ impl Store {
         let deadline = Instant::now() + timeout;
         let mut g = self.lock();
         loop {
-            let missing: Vec<Vec<u8>> = keys.iter().filter(|k| !g.0.contains_key(*k)).cloned().collect();
+            let missing: Vec<Vec<u8>> = keys
+                .iter()
+                .filter(|k| !g.0.contains_key(*k))
+                .cloned()
+                .collect();
             if missing.is_empty() {
                 return Ok(());
             }
@@ -63,7 +67,11 @@ impl Store {
             if now >= deadline {
                 return Err(missing);
             }
-            g = self.cv.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 }
@@ -72,10 +80,12 @@ impl Backend for Store {
     fn handle(&self, req: Request) -> Response {
         match req {
             Request::Set { key, value } => self.insert(key, value),
-            Request::Get { key, timeout } => match self.wait_keys(std::slice::from_ref(&key), timeout) {
-                Ok(()) => Response::Value(self.lock().0.get(&key).cloned().unwrap_or_default()),
-                Err(m) => Response::Timeout(m),
-            },
+            Request::Get { key, timeout } => {
+                match self.wait_keys(std::slice::from_ref(&key), timeout) {
+                    Ok(()) => Response::Value(self.lock().0.get(&key).cloned().unwrap_or_default()),
+                    Err(m) => Response::Timeout(m),
+                }
+            }
             Request::Wait { keys, timeout } => match self.wait_keys(&keys, timeout) {
                 Ok(()) => Response::Ok,
                 Err(m) => Response::Timeout(m),
@@ -84,9 +94,16 @@ impl Backend for Store {
                 let mut g = self.lock();
                 let cur = match g.0.get(&key) {
                     None => 0i64,
-                    Some(v) => match std::str::from_utf8(v).ok().and_then(|s| s.parse::<i64>().ok()) {
+                    Some(v) => match std::str::from_utf8(v)
+                        .ok()
+                        .and_then(|s| s.parse::<i64>().ok())
+                    {
                         Some(x) => x,
-                        None => return Response::Error("add on a key that does not hold an integer".into()),
+                        None => {
+                            return Response::Error(
+                                "add on a key that does not hold an integer".into(),
+                            )
+                        }
                     },
                 };
                 let n = cur.wrapping_add(delta);
@@ -126,24 +143,32 @@ impl Drop for ServerHandle {
 }
 
 /// Serve `backend` on `listener`: one thread per client; each client must pass the handshake.
-pub fn serve(listener: TcpListener, secret: &str, backend: Arc<dyn Backend>) -> io::Result<ServerHandle> {
+pub fn serve(
+    listener: TcpListener,
+    secret: &str,
+    backend: Arc<dyn Backend>,
+) -> io::Result<ServerHandle> {
     let addr = listener.local_addr()?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let secret = secret.as_bytes().to_vec();
-    std::thread::Builder::new().name("rr-store-accept".into()).spawn(move || {
-        for conn in listener.incoming() {
-            if stop2.load(Ordering::SeqCst) {
-                break;
+    std::thread::Builder::new()
+        .name("rr-store-accept".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(s) = conn else { continue };
+                let backend = backend.clone();
+                let secret = secret.clone();
+                let _ = std::thread::Builder::new()
+                    .name("rr-store-conn".into())
+                    .spawn(move || {
+                        let _ = serve_conn(s, &secret, &*backend);
+                    });
             }
-            let Ok(s) = conn else { continue };
-            let backend = backend.clone();
-            let secret = secret.clone();
-            let _ = std::thread::Builder::new().name("rr-store-conn".into()).spawn(move || {
-                let _ = serve_conn(s, &secret, &*backend);
-            });
-        }
-    })?;
+        })?;
     Ok(ServerHandle { addr, stop })
 }
 
@@ -175,7 +200,10 @@ pub enum StoreError {
     #[error("bootstrap store connection lost: {0}")]
     Io(#[from] io::Error),
     #[error("timed out after {timeout:?} waiting for store keys {missing:?}")]
-    Timeout { missing: Vec<String>, timeout: Duration },
+    Timeout {
+        missing: Vec<String>,
+        timeout: Duration,
+    },
     #[error("store error: {0}")]
     Remote(String),
     #[error("unexpected store reply: {0}")]
@@ -190,7 +218,11 @@ pub struct StoreClient {
 
 impl StoreClient {
     /// Connect (retrying until `connect_timeout`: the server may still be starting) and prove the secret.
-    pub fn connect(addr: &str, secret: &str, connect_timeout: Duration) -> Result<StoreClient, StoreError> {
+    pub fn connect(
+        addr: &str,
+        secret: &str,
+        connect_timeout: Duration,
+    ) -> Result<StoreClient, StoreError> {
         let deadline = Instant::now() + connect_timeout;
         let mut last = io::Error::new(io::ErrorKind::NotFound, "address did not resolve");
         loop {
@@ -202,21 +234,33 @@ impl StoreClient {
                 }
             };
             for a in &addrs {
-                let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(100));
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(100));
                 match TcpStream::connect_timeout(a, left.min(Duration::from_secs(5))) {
                     Ok(mut s) => {
                         s.set_nodelay(true)?;
                         s.set_read_timeout(Some(Duration::from_secs(30)))?;
-                        auth::client_handshake(&mut s, secret.as_bytes(), "store")
-                            .map_err(|err| StoreError::Auth { addr: addr.to_string(), err })?;
+                        auth::client_handshake(&mut s, secret.as_bytes(), "store").map_err(
+                            |err| StoreError::Auth {
+                                addr: addr.to_string(),
+                                err,
+                            },
+                        )?;
                         s.set_read_timeout(None)?;
-                        return Ok(StoreClient { s: Mutex::new(s), addr: addr.to_string() });
+                        return Ok(StoreClient {
+                            s: Mutex::new(s),
+                            addr: addr.to_string(),
+                        });
                     }
                     Err(e) => last = e,
                 }
             }
             if Instant::now() >= deadline {
-                return Err(StoreError::Connect { addr: addr.to_string(), err: last });
+                return Err(StoreError::Connect {
+                    addr: addr.to_string(),
+                    err: last,
+                });
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -230,7 +274,10 @@ impl StoreClient {
         let mut s = self.s.lock().unwrap_or_else(|e| e.into_inner());
         wire::write_frame(&mut *s, &req.encode())?;
         let f = wire::read_frame(&mut *s)?.ok_or_else(|| {
-            StoreError::Io(io::Error::new(io::ErrorKind::UnexpectedEof, "store closed the connection"))
+            StoreError::Io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "store closed the connection",
+            ))
         })?;
         match Response::decode(&f) {
             Ok(Response::Error(e)) => Err(StoreError::Remote(e)),
@@ -240,14 +287,20 @@ impl StoreClient {
     }
 
     pub fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        match self.call(&Request::Set { key: key.as_bytes().to_vec(), value: value.to_vec() })? {
+        match self.call(&Request::Set {
+            key: key.as_bytes().to_vec(),
+            value: value.to_vec(),
+        })? {
             Response::Ok => Ok(()),
             r => Err(StoreError::Protocol(format!("{r:?}"))),
         }
     }
 
     pub fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>, StoreError> {
-        match self.call(&Request::Get { key: key.as_bytes().to_vec(), timeout })? {
+        match self.call(&Request::Get {
+            key: key.as_bytes().to_vec(),
+            timeout,
+        })? {
             Response::Value(v) => Ok(v),
             Response::Timeout(m) => Err(timeout_err(m, timeout)),
             r => Err(StoreError::Protocol(format!("{r:?}"))),
@@ -264,7 +317,10 @@ impl StoreClient {
     }
 
     pub fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        match self.call(&Request::Add { key: key.as_bytes().to_vec(), delta })? {
+        match self.call(&Request::Add {
+            key: key.as_bytes().to_vec(),
+            delta,
+        })? {
             Response::Int(i) => Ok(i),
             r => Err(StoreError::Protocol(format!("{r:?}"))),
         }
@@ -280,7 +336,13 @@ impl StoreClient {
 }
 
 fn timeout_err(m: Vec<Vec<u8>>, timeout: Duration) -> StoreError {
-    StoreError::Timeout { missing: m.iter().map(|k| String::from_utf8_lossy(k).into_owned()).collect(), timeout }
+    StoreError::Timeout {
+        missing: m
+            .iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect(),
+        timeout,
+    }
 }
 
 #[cfg(test)]
@@ -300,7 +362,10 @@ mod tests {
         let c = StoreClient::connect(&addr, "s3cret", Duration::from_secs(2)).unwrap();
         c.set("a", b"1").unwrap();
         assert_eq!(c.get("a", Duration::from_secs(1)).unwrap(), b"1");
-        assert_eq!(c.check(&["a".into(), "b".into()]).unwrap(), vec![true, false]);
+        assert_eq!(
+            c.check(&["a".into(), "b".into()]).unwrap(),
+            vec![true, false]
+        );
         let addr2 = addr.clone();
         let t = std::thread::spawn(move || {
             let c2 = StoreClient::connect(&addr2, "s3cret", Duration::from_secs(2)).unwrap();
@@ -312,7 +377,9 @@ mod tests {
         assert_eq!(c.add("n", 5).unwrap(), 5);
         assert_eq!(c.add("n", -2).unwrap(), 3);
         match c.wait(&["never".into()], Duration::from_millis(50)) {
-            Err(StoreError::Timeout { missing, .. }) => assert_eq!(missing, vec!["never".to_string()]),
+            Err(StoreError::Timeout { missing, .. }) => {
+                assert_eq!(missing, vec!["never".to_string()])
+            }
             other => panic!("{other:?}"),
         }
         assert!(matches!(c.add("a", 1), Ok(2)));

@@ -15,7 +15,10 @@ pub const MAX_KEYS: usize = 65536;
 
 pub fn write_frame<W: Write>(w: &mut W, payload: &[u8]) -> io::Result<()> {
     if payload.len() > MAX_FRAME {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "frame too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "frame too large",
+        ));
     }
     let mut buf = Vec::with_capacity(4 + payload.len());
     buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -56,15 +59,29 @@ pub fn read_frame_bounded<R: Read>(r: &mut R, max: usize) -> io::Result<Option<V
 /// A request to the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    Set { key: Vec<u8>, value: Vec<u8> },
+    Set {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
     /// Wait (up to `timeout`) until `key` exists, then return its value.
-    Get { key: Vec<u8>, timeout: Duration },
+    Get {
+        key: Vec<u8>,
+        timeout: Duration,
+    },
     /// Wait (up to `timeout`) until every key exists.
-    Wait { keys: Vec<Vec<u8>>, timeout: Duration },
+    Wait {
+        keys: Vec<Vec<u8>>,
+        timeout: Duration,
+    },
     /// Add `delta` to the integer stored at `key` (absent = 0) and return the new value.
-    Add { key: Vec<u8>, delta: i64 },
+    Add {
+        key: Vec<u8>,
+        delta: i64,
+    },
     /// Which of these keys exist now (no waiting).
-    Check { keys: Vec<Vec<u8>> },
+    Check {
+        keys: Vec<Vec<u8>>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,10 +109,18 @@ impl<'a> Cur<'a> {
         Ok(x)
     }
     fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().map_err(|_| DecodeError("truncated"))?))
+        Ok(u32::from_le_bytes(
+            self.take(4)?
+                .try_into()
+                .map_err(|_| DecodeError("truncated"))?,
+        ))
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().map_err(|_| DecodeError("truncated"))?))
+        Ok(u64::from_le_bytes(
+            self.take(8)?
+                .try_into()
+                .map_err(|_| DecodeError("truncated"))?,
+        ))
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         if self.b.len() < n {
@@ -178,10 +203,22 @@ impl Request {
     pub fn decode(b: &[u8]) -> Result<Request, DecodeError> {
         let mut c = Cur { b };
         let r = match c.u8()? {
-            1 => Request::Set { key: c.bytes(MAX_KEY)?, value: c.bytes(MAX_FRAME)? },
-            2 => Request::Get { key: c.bytes(MAX_KEY)?, timeout: Duration::from_millis(c.u64()?) },
-            3 => Request::Wait { keys: c.keys()?, timeout: Duration::from_millis(c.u64()?) },
-            4 => Request::Add { key: c.bytes(MAX_KEY)?, delta: c.u64()? as i64 },
+            1 => Request::Set {
+                key: c.bytes(MAX_KEY)?,
+                value: c.bytes(MAX_FRAME)?,
+            },
+            2 => Request::Get {
+                key: c.bytes(MAX_KEY)?,
+                timeout: Duration::from_millis(c.u64()?),
+            },
+            3 => Request::Wait {
+                keys: c.keys()?,
+                timeout: Duration::from_millis(c.u64()?),
+            },
+            4 => Request::Add {
+                key: c.bytes(MAX_KEY)?,
+                delta: c.u64()? as i64,
+            },
             5 => Request::Check { keys: c.keys()? },
             _ => return Err(DecodeError("unknown request")),
         };
@@ -246,10 +283,22 @@ mod tests {
     #[test]
     fn round_trip() {
         let reqs = vec![
-            Request::Set { key: b"k".to_vec(), value: vec![1, 2, 3] },
-            Request::Get { key: b"a/b".to_vec(), timeout: Duration::from_millis(1500) },
-            Request::Wait { keys: vec![b"x".to_vec(), b"y".to_vec()], timeout: Duration::from_secs(3) },
-            Request::Add { key: b"n".to_vec(), delta: -7 },
+            Request::Set {
+                key: b"k".to_vec(),
+                value: vec![1, 2, 3],
+            },
+            Request::Get {
+                key: b"a/b".to_vec(),
+                timeout: Duration::from_millis(1500),
+            },
+            Request::Wait {
+                keys: vec![b"x".to_vec(), b"y".to_vec()],
+                timeout: Duration::from_secs(3),
+            },
+            Request::Add {
+                key: b"n".to_vec(),
+                delta: -7,
+            },
             Request::Check { keys: vec![] },
         ];
         for r in reqs {
@@ -281,11 +330,19 @@ mod tests {
         assert!(Request::decode(&[1, 5, 0, 0, 0, b'a']).is_err());
         assert!(Request::decode(&[99]).is_err());
         assert!(Request::decode(&[]).is_err());
-        let mut ok = Request::Add { key: b"n".to_vec(), delta: 1 }.encode();
+        let mut ok = Request::Add {
+            key: b"n".to_vec(),
+            delta: 1,
+        }
+        .encode();
         ok.push(0);
         assert!(Request::decode(&ok).is_err());
         // every prefix of a valid frame fails cleanly
-        let full = Request::Wait { keys: vec![b"abc".to_vec()], timeout: Duration::from_secs(1) }.encode();
+        let full = Request::Wait {
+            keys: vec![b"abc".to_vec()],
+            timeout: Duration::from_secs(1),
+        }
+        .encode();
         for i in 0..full.len() {
             assert!(Request::decode(&full[..i]).is_err());
         }

@@ -1,0 +1,170 @@
+//! Every environment knob the runtime reads, parsed in one place (the README's table lists
+//! them). Bad values are errors naming the variable, never panics.
+
+use crate::error::{Error, Result};
+use railring_collectives::plan::Algo;
+use std::time::Duration;
+
+/// Runtime settings from the environment.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `RAILRING_TIMEOUT` (seconds, default 600): a collective with no progress for this long fails.
+    pub timeout: Duration,
+    /// `RAILRING_ALGO`: force an algorithm (`two_level`, `ring`, `recursive_doubling`, `tree`).
+    pub algo: Option<Algo>,
+    /// `RAILRING_SOCKET_IFNAME`: which interfaces carry TCP rails (NCCL grammar).
+    pub socket_ifname: Option<String>,
+    /// `RAILRING_SHM_SLOT` (bytes, default 1 MiB): size of one shared-memory staging slot per rank.
+    pub shm_slot: usize,
+    /// `RAILRING_NET_CHUNK` (bytes, default 512 KiB): pipelining chunk on network links.
+    pub net_chunk: usize,
+    /// `RAILRING_CONNECT_TIMEOUT` (seconds, default 30): bootstrap and data-plane connects.
+    pub connect_timeout: Duration,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_num(name: &str, default: u64, min: u64, max: u64) -> Result<u64> {
+    match var(name) {
+        None => Ok(default),
+        Some(v) => {
+            let n = parse_size(&v).ok_or_else(|| Error::Env {
+                var: name.into(),
+                value: v.clone(),
+                why: "expected a number (K/M/G suffixes allowed)".into(),
+            })?;
+            if n < min || n > max {
+                return Err(Error::Env {
+                    var: name.into(),
+                    value: v,
+                    why: format!("must be between {min} and {max}"),
+                });
+            }
+            Ok(n)
+        }
+    }
+}
+
+/// `8`, `64K`, `2M`, `1G` → bytes (binary multiples, as nccl-tests).
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        't' | 'T' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok()?.checked_mul(mul)
+}
+
+impl Config {
+    pub fn from_env() -> Result<Config> {
+        let algo = match var("RAILRING_ALGO") {
+            None => None,
+            Some(v) => Some(Algo::parse(&v).ok_or_else(|| Error::Env {
+                var: "RAILRING_ALGO".into(),
+                value: v.clone(),
+                why: "expected two_level, ring, recursive_doubling or tree".into(),
+            })?),
+        };
+        Ok(Config {
+            timeout: Duration::from_secs(parse_num("RAILRING_TIMEOUT", 600, 1, 365 * 86400)?),
+            algo,
+            socket_ifname: var("RAILRING_SOCKET_IFNAME"),
+            shm_slot: parse_num("RAILRING_SHM_SLOT", 1 << 20, 4096, 1 << 30)? as usize,
+            net_chunk: parse_num("RAILRING_NET_CHUNK", 512 << 10, 4096, 1 << 30)? as usize,
+            connect_timeout: Duration::from_secs(parse_num(
+                "RAILRING_CONNECT_TIMEOUT",
+                30,
+                1,
+                3600,
+            )?),
+        })
+    }
+}
+
+/// How this process learned who it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// Started alone: a world of one.
+    Alone,
+    /// Started by railrun (or anything that sets `RAILRING_STORE_ADDR`).
+    Store {
+        rank: usize,
+        size: usize,
+        store_addr: String,
+        secret: String,
+        job_id: String,
+        source: &'static str,
+    },
+}
+
+/// Read the launch environment (railrun's `RAILRING_*` variables).
+pub fn launch_from_env() -> Result<Launch> {
+    let Some(store_addr) = var("RAILRING_STORE_ADDR") else {
+        return Ok(Launch::Alone);
+    };
+    let rank = parse_required("RAILRING_RANK")?;
+    let size = parse_required("RAILRING_WORLD_SIZE")?;
+    if size == 0 || rank >= size {
+        return Err(Error::Env {
+            var: "RAILRING_RANK".into(),
+            value: rank.to_string(),
+            why: format!("must be below RAILRING_WORLD_SIZE={size}"),
+        });
+    }
+    let secret = var("RAILRING_JOB_SECRET").ok_or_else(|| Error::Env {
+        var: "RAILRING_JOB_SECRET".into(),
+        value: String::new(),
+        why: "must be set when RAILRING_STORE_ADDR is".into(),
+    })?;
+    let job_id = var("RAILRING_JOB_ID").unwrap_or_else(|| "job".into());
+    let job_id: String = job_id
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(32)
+        .collect();
+    Ok(Launch::Store {
+        rank,
+        size,
+        store_addr,
+        secret,
+        job_id,
+        source: "railrun",
+    })
+}
+
+fn parse_required(name: &str) -> Result<usize> {
+    let v = var(name).ok_or_else(|| Error::Env {
+        var: name.into(),
+        value: String::new(),
+        why: "not set".into(),
+    })?;
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n < (1 << 24))
+        .ok_or(Error::Env {
+            var: name.into(),
+            value: v,
+            why: "expected a non-negative integer below 2^24".into(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8"), Some(8));
+        assert_eq!(parse_size("64K"), Some(65536));
+        assert_eq!(parse_size("256M"), Some(256 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("99999999999999999999G"), None);
+    }
+}

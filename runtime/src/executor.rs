@@ -1,0 +1,503 @@
+//! The executor: runs a [`Plan`] for this rank over links (point-to-point) and the shared-memory
+//! fabric (in-node steps). One executor serves every algorithm and every transport.
+//!
+//! - `Exchange` steps drive the send and the receive concurrently from one thread through
+//!   non-blocking links; received data that must be reduced lands in a chunk-sized staging
+//!   buffer and is reduced chunk by chunk while the kernel keeps receiving the next chunk.
+//! - The first transfer with each peer in a call carries the call's descriptor (sequence number,
+//!   kind, dtype, count, op, root); a peer whose descriptor differs fails the call naming both.
+//! - A `NodeReduceScatter` immediately followed by a `NodeAllGather` over the same group and
+//!   slices runs as one pipelined in-node all-reduce.
+
+use crate::error::{Error, Result};
+use crate::transport::shm::{NodeMode, ShmFabric, DESC};
+use crate::transport::{Backoff, Link, LinkError};
+use railring_collectives::plan::{Buf, CollKind, Plan, Region, Step};
+use railring_collectives::{kernels, DataType, ReduceOp};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// The identity of one collective call, compared across ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallDesc {
+    pub seq: u64,
+    pub kind: CollKind,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub count: u64,
+    pub root: u32,
+    pub comm: u64,
+}
+
+const HDR_MAGIC: u32 = 0x5252_4844; // "RRHD"
+
+impl CallDesc {
+    pub fn encode(&self) -> [u8; DESC] {
+        let mut b = [0u8; DESC];
+        b[0..4].copy_from_slice(&HDR_MAGIC.to_le_bytes());
+        b[4] = self.kind as u8;
+        b[5] = self.dtype as u8;
+        b[6] = self.op as u8;
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..28].copy_from_slice(&self.root.to_le_bytes());
+        b[32..40].copy_from_slice(&self.comm.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; DESC]) -> Option<CallDesc> {
+        if u32::from_le_bytes(b[0..4].try_into().ok()?) != HDR_MAGIC {
+            return None;
+        }
+        Some(CallDesc {
+            kind: CollKind::from_u8(b[4])?,
+            dtype: DataType::from_u8(b[5])?,
+            op: ReduceOp::from_u8(b[6])?,
+            seq: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            count: u64::from_le_bytes(b[16..24].try_into().ok()?),
+            root: u32::from_le_bytes(b[24..28].try_into().ok()?),
+            comm: u64::from_le_bytes(b[32..40].try_into().ok()?),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "{} #{} ({} x {}",
+            self.kind, self.seq, self.count, self.dtype
+        );
+        if matches!(
+            self.kind,
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+        ) {
+            s.push_str(&format!(", op {}", self.op));
+        }
+        if matches!(self.kind, CollKind::Broadcast | CollKind::Reduce) {
+            s.push_str(&format!(", root {}", self.root));
+        }
+        s.push(')');
+        s
+    }
+
+    pub fn describe_bytes(b: &[u8; DESC]) -> String {
+        match CallDesc::decode(b) {
+            Some(d) => d.describe(),
+            None => "an unknown call (corrupt descriptor)".into(),
+        }
+    }
+}
+
+/// Channel used by point-to-point calls (separate TCP connections from collectives' rings).
+pub const P2P_CHAN: usize = 1 << 16;
+
+/// Gives the executor a link to a peer on a channel, connecting on first use.
+pub trait Links {
+    /// A stable pointer to the link (valid until the provider is dropped).
+    fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link>;
+    /// Host name of a peer, for errors.
+    fn host_of(&self, peer: usize) -> String;
+}
+
+/// Everything one rank needs to run plans.
+pub struct Executor<'a> {
+    pub rank: usize,
+    /// Ranks in the communicator.
+    pub size: usize,
+    pub links: &'a mut dyn Links,
+    pub fabric: Option<&'a mut ShmFabric>,
+    pub timeout: Duration,
+    /// Receive-reduce chunk in bytes.
+    pub chunk: usize,
+    pub staging: &'a mut Vec<u64>,
+}
+
+/// The rank's buffers for one call.
+#[derive(Clone, Copy)]
+pub struct Bufs {
+    pub work: *mut u8,
+    pub work_bytes: usize,
+    pub input: *const u8,
+    pub input_bytes: usize,
+}
+
+impl Bufs {
+    fn region(&self, r: &Region, esz: usize) -> Result<(*mut u8, usize)> {
+        let (base, len) = match r.buf {
+            Buf::Work => (self.work, self.work_bytes),
+            Buf::Input => (self.input as *mut u8, self.input_bytes),
+        };
+        let off = r
+            .offset
+            .checked_mul(esz)
+            .ok_or_else(|| Error::Plan("region overflow".into()))?;
+        let n = r
+            .len
+            .checked_mul(esz)
+            .ok_or_else(|| Error::Plan("region overflow".into()))?;
+        if off.checked_add(n).is_none_or(|e| e > len) {
+            return Err(Error::Plan(format!(
+                "region {r} outside a buffer of {} elements",
+                len / esz
+            )));
+        }
+        // SAFETY: bounds checked above.
+        Ok((unsafe { base.add(off) }, n))
+    }
+}
+
+impl<'a> Executor<'a> {
+    fn link_err(&self, peer: usize, e: LinkError) -> Error {
+        match e {
+            LinkError::PeerGone(why) => Error::PeerDead {
+                rank: self.rank,
+                peer,
+                host: self.links.host_of(peer),
+                why,
+            },
+            LinkError::Io(err) => Error::Transport {
+                rank: self.rank,
+                what: format!("link to rank {peer}"),
+                err,
+            },
+        }
+    }
+
+    /// Run `plan` for one call.
+    ///
+    /// # Safety
+    /// `bufs` must describe buffers valid for reads (input) and reads/writes (work).
+    pub unsafe fn run(
+        &mut self,
+        plan: &Plan,
+        desc: &CallDesc,
+        op: ReduceOp,
+        bufs: Bufs,
+    ) -> Result<()> {
+        let dtype = desc.dtype;
+        let esz = dtype.size();
+        let mut hdr_sent: HashSet<(usize, usize)> = HashSet::new();
+        let mut hdr_recv: HashSet<(usize, usize)> = HashSet::new();
+        let d = desc.encode();
+        let mut i = 0;
+        while i < plan.steps.len() {
+            match &plan.steps[i] {
+                Step::Exchange { send, recv, reduce } => {
+                    let s = match send {
+                        Some(x) if x.region.len > 0 => {
+                            let (p, n) = bufs.region(&x.region, esz)?;
+                            let h = hdr_sent.insert((x.peer, x.chan));
+                            Some((x.peer, x.chan, p as *const u8, n, h))
+                        }
+                        _ => None,
+                    };
+                    let r = match recv {
+                        Some(x) if x.region.len > 0 => {
+                            let (p, n) = bufs.region(&x.region, esz)?;
+                            let h = hdr_recv.insert((x.peer, x.chan));
+                            Some((x.peer, x.chan, p, n, h))
+                        }
+                        _ => None,
+                    };
+                    self.exchange(s, r, *reduce, &d, &d, dtype, op)?;
+                }
+                Step::NodeReduceScatter { group, slices } => {
+                    // Fuse only when the node is the whole communicator: then every rank's plan is
+                    // exactly [reduce-scatter, all-gather], so all ranks make the same choice
+                    // (elsewhere a rank with an empty ring slice may have no steps in between).
+                    let fused = group.len() == self.size
+                        && matches!(plan.steps.get(i + 1), Some(Step::NodeAllGather { group: g2, slices: s2 }) if g2 == group && s2 == slices);
+                    let total: usize = slices.iter().map(|s| s.len).sum::<usize>() * esz;
+                    let mode = if fused {
+                        i += 1;
+                        if total <= 32 << 10 && slices.windows(2).all(|w| w[0].end() == w[1].offset)
+                        {
+                            NodeMode::AllReduceSmall
+                        } else {
+                            NodeMode::AllReduce
+                        }
+                    } else {
+                        NodeMode::ReduceScatter
+                    };
+                    self.node(mode, group, slices, &d, dtype, op, bufs)?;
+                }
+                Step::NodeAllGather { group, slices } => {
+                    self.node(NodeMode::AllGather, group, slices, &d, dtype, op, bufs)?
+                }
+                Step::Copy { src, dst } => {
+                    let (s, n) = bufs.region(src, esz)?;
+                    let (t, m) = bufs.region(dst, esz)?;
+                    if n != m {
+                        return Err(Error::Plan(format!("copy {src} -> {dst}: lengths differ")));
+                    }
+                    std::ptr::copy(s, t, n);
+                }
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn node(
+        &mut self,
+        mode: NodeMode,
+        group: &[usize],
+        slices: &[Region],
+        d: &[u8; DESC],
+        dtype: DataType,
+        op: ReduceOp,
+        bufs: Bufs,
+    ) -> Result<()> {
+        if group.len() <= 1 {
+            return Ok(());
+        }
+        let esz = dtype.size();
+        let fabric = self
+            .fabric
+            .as_deref_mut()
+            .ok_or_else(|| Error::Plan("in-node step without a shared-memory fabric".into()))?;
+        if fabric.node.ranks != group {
+            return Err(Error::Plan(format!(
+                "in-node step over {group:?}, but this node holds {:?}",
+                fabric.node.ranks
+            )));
+        }
+        let mut byte_slices = Vec::with_capacity(slices.len());
+        for s in slices {
+            let (p, n) = bufs.region(s, esz)?;
+            byte_slices.push((p as usize - bufs.work as usize, n));
+        }
+        fabric.node_op(
+            mode,
+            dtype,
+            op,
+            bufs.work,
+            &byte_slices,
+            d,
+            &CallDesc::describe_bytes,
+        )
+    }
+
+    /// Point-to-point: send to one peer and/or receive from one peer, concurrently. Each side
+    /// carries its descriptor; a receive whose descriptor differs from the sender's fails.
+    ///
+    /// # Safety
+    /// The pointers must be valid for the given lengths.
+    pub unsafe fn p2p(
+        &mut self,
+        send: Option<(*const u8, usize, usize, CallDesc)>,
+        recv: Option<(*mut u8, usize, usize, CallDesc)>,
+    ) -> Result<()> {
+        let sd = send.map(|s| s.3.encode()).unwrap_or([0u8; DESC]);
+        let rd = recv.map(|r| r.3.encode()).unwrap_or([0u8; DESC]);
+        let dtype = send
+            .map(|s| s.3.dtype)
+            .or(recv.map(|r| r.3.dtype))
+            .unwrap_or(DataType::U8);
+        self.exchange(
+            send.map(|(p, n, peer, _)| (peer, P2P_CHAN, p, n, true)),
+            recv.map(|(p, n, peer, _)| (peer, P2P_CHAN, p, n, true)),
+            false,
+            &sd,
+            &rd,
+            dtype,
+            ReduceOp::Sum,
+        )
+    }
+
+    /// Send and receive concurrently (either may be absent). Tuples: (peer, chan, ptr, bytes,
+    /// header first?).
+    unsafe fn exchange(
+        &mut self,
+        send: Option<(usize, usize, *const u8, usize, bool)>,
+        recv: Option<(usize, usize, *mut u8, usize, bool)>,
+        reduce: bool,
+        d: &[u8; DESC],
+        rd: &[u8; DESC],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let sl = match send {
+            Some((p, c, ..)) => Some(self.links.link(p, c)?),
+            None => None,
+        };
+        let rl = match recv {
+            Some((p, c, ..)) => Some(self.links.link(p, c)?),
+            None => None,
+        };
+        let esz = dtype.size();
+        // A send region that overlaps the receive region (recursive doubling exchanges whole
+        // buffers) must not see received bytes: send from a snapshot.
+        let mut snapshot: Vec<u64> = Vec::new();
+        let send = match (send, recv) {
+            (Some((p, c, sp, sn, h)), Some((_, _, rp, rn, _)))
+                if (sp as usize) < rp as usize + rn && (rp as usize) < sp as usize + sn =>
+            {
+                snapshot.resize(sn.div_ceil(8), 0);
+                std::ptr::copy_nonoverlapping(sp, snapshot.as_mut_ptr() as *mut u8, sn);
+                Some((p, c, snapshot.as_ptr() as *const u8, sn, h))
+            }
+            _ => send,
+        };
+        let chunk = (self.chunk / esz).max(1) * esz;
+        if reduce && recv.is_some() && self.staging.len() * 8 < chunk {
+            self.staging.resize(chunk.div_ceil(8), 0);
+        }
+        let stage = self.staging.as_mut_ptr() as *mut u8;
+        // send state
+        let mut s_hdr = if send.is_some_and(|s| s.4) { 0 } else { DESC };
+        let mut s_off = 0usize;
+        let s_len = send.map(|s| s.3).unwrap_or(0);
+        let mut s_done = send.is_none();
+        // recv state
+        let mut r_hdr_buf = [0u8; DESC];
+        let mut r_hdr = if recv.is_some_and(|r| r.4) { 0 } else { DESC };
+        let mut r_off = 0usize;
+        let mut r_fill = 0usize;
+        let r_len = recv.map(|r| r.3).unwrap_or(0);
+        let mut r_done = recv.is_none();
+        let mut b = Backoff::new();
+        while !(s_done && r_done) {
+            let mut progress = false;
+            if let (false, Some((peer, _, ptr, _, _)), Some(l)) = (s_done, send, sl) {
+                let l = &mut *l;
+                loop {
+                    let n = if s_hdr < DESC {
+                        let n = l
+                            .try_send(&d[s_hdr..])
+                            .map_err(|e| self.link_err(peer, e))?;
+                        s_hdr += n;
+                        n
+                    } else {
+                        let n = l
+                            .try_send(std::slice::from_raw_parts(ptr.add(s_off), s_len - s_off))
+                            .map_err(|e| self.link_err(peer, e))?;
+                        s_off += n;
+                        n
+                    };
+                    if n == 0 {
+                        break;
+                    }
+                    progress = true;
+                    if s_hdr == DESC && s_off == s_len {
+                        s_done = true;
+                        break;
+                    }
+                }
+            }
+            if let (false, Some((peer, _, dst, _, _)), Some(l)) = (r_done, recv, rl) {
+                let l = &mut *l;
+                loop {
+                    let n = if r_hdr < DESC {
+                        let n = l
+                            .try_recv(&mut r_hdr_buf[r_hdr..])
+                            .map_err(|e| self.link_err(peer, e))?;
+                        r_hdr += n;
+                        if r_hdr == DESC && &r_hdr_buf != rd {
+                            return Err(Error::Mismatch {
+                                rank: self.rank,
+                                peer,
+                                mine: CallDesc::describe_bytes(rd),
+                                theirs: CallDesc::describe_bytes(&r_hdr_buf),
+                            });
+                        }
+                        n
+                    } else if !reduce {
+                        let n = l
+                            .try_recv(std::slice::from_raw_parts_mut(
+                                dst.add(r_off),
+                                r_len - r_off,
+                            ))
+                            .map_err(|e| self.link_err(peer, e))?;
+                        r_off += n;
+                        n
+                    } else {
+                        let want = chunk.min(r_len - r_off);
+                        let n = l
+                            .try_recv(std::slice::from_raw_parts_mut(
+                                stage.add(r_fill),
+                                want - r_fill,
+                            ))
+                            .map_err(|e| self.link_err(peer, e))?;
+                        r_fill += n;
+                        if r_fill == want {
+                            kernels::reduce_into_raw(dtype, op, dst.add(r_off), stage, want);
+                            r_off += want;
+                            r_fill = 0;
+                        }
+                        n
+                    };
+                    if n == 0 {
+                        break;
+                    }
+                    progress = true;
+                    if r_hdr == DESC && r_off == r_len {
+                        r_done = true;
+                        break;
+                    }
+                }
+            }
+            if progress {
+                b.reset();
+                continue;
+            }
+            if s_done && r_done {
+                break;
+            }
+            // Nothing moved: wait. Links with file descriptors are polled (the kernel wakes us);
+            // shared-memory links back off (spin, yield, sleep).
+            let fds: Vec<(i32, i16)> = [
+                (!s_done)
+                    .then(|| {
+                        sl.and_then(|l| (*l).poll_fd())
+                            .map(|fd| (fd, libc::POLLOUT))
+                    })
+                    .flatten(),
+                (!r_done)
+                    .then(|| rl.and_then(|l| (*l).poll_fd()).map(|fd| (fd, libc::POLLIN)))
+                    .flatten(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let need = usize::from(!s_done) + usize::from(!r_done);
+            if fds.len() == need && b.waited() > Duration::from_micros(50) {
+                let mut p: Vec<libc::pollfd> = fds
+                    .iter()
+                    .map(|&(fd, ev)| libc::pollfd {
+                        fd,
+                        events: ev,
+                        revents: 0,
+                    })
+                    .collect();
+                libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 100);
+            } else {
+                b.snooze();
+            }
+            if b.check_due() || fds.len() == need {
+                if let (false, Some((peer, ..)), Some(l)) = (s_done, send, sl) {
+                    (*l).check_peer().map_err(|e| self.link_err(peer, e))?;
+                }
+                if let (false, Some((peer, ..)), Some(l)) = (r_done, recv, rl) {
+                    (*l).check_peer().map_err(|e| self.link_err(peer, e))?;
+                }
+                if b.waited() > self.timeout {
+                    let mut waiting = Vec::new();
+                    if !s_done {
+                        waiting.extend(send.map(|s| s.0));
+                    }
+                    if !r_done {
+                        waiting.extend(recv.map(|r| r.0));
+                    }
+                    waiting.dedup();
+                    return Err(Error::Timeout {
+                        rank: self.rank,
+                        secs: self.timeout.as_secs(),
+                        waiting,
+                        what: CallDesc::describe_bytes(d),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

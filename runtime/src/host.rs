@@ -1,0 +1,24 @@
+//! Host identity. Two processes are on the same node when they share hostname, kernel boot id
+//! and network namespace: emulated hosts (namespaces on one kernel) share the boot id but not
+//! the network namespace; two real machines can share a hostname but not a boot id.
+
+use std::os::unix::fs::MetadataExt;
+
+/// A string identifying this process's node.
+pub fn host_id() -> String {
+    let hostname = hostname();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let netns = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0);
+    format!("{hostname}/{boot}/{netns}")
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".into())
+}

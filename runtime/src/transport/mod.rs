@@ -1,0 +1,131 @@
+//! Transports. A [`Link`] moves bytes to and from one peer, without blocking: the executor
+//! drives many links at once (send to the next rank while receiving from the previous one) and
+//! waits with [`Backoff`] or `poll(2)` when none can progress.
+//!
+//! The trait is written for more than host memory: every transfer names the memory it touches
+//! ([`MemKind`]) so a CUDA IPC / NVLink link can accept device pointers and an ibverbs link can
+//! require (and cache) registrations through [`Link::register`]. Host-only links (shm, tcp)
+//! answer `supports(MemKind::Device{..}) == false` and the executor stages through host memory.
+//!
+//! In-node collectives do not go through links: the shared-memory [`shm::ShmFabric`] reads
+//! peers' data directly (each rank reduces its own slice), which is the point of the two-level
+//! algorithm.
+
+pub mod mem;
+pub mod shm;
+pub mod tcp;
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+/// What kind of memory a transfer touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemKind {
+    Host,
+    /// Device memory of the given CUDA ordinal (the `cuda` transport).
+    Device {
+        ordinal: i32,
+    },
+}
+
+/// A registration handle a link may need before it can move a buffer (ibverbs MR keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Registration {
+    pub key: u64,
+}
+
+/// Why a link operation failed.
+#[derive(Debug)]
+pub enum LinkError {
+    /// The peer closed or reset the connection, or its process is gone.
+    PeerGone(String),
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::PeerGone(s) => write!(f, "{s}"),
+            LinkError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// A connection to one peer.
+pub trait Link: Send {
+    /// Human description for logs and errors ("tcp rail1 10.77.11.11 -> 10.77.11.12").
+    fn describe(&self) -> String;
+    /// Queue as many bytes of `data` as possible without blocking; returns how many were taken.
+    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError>;
+    /// Receive up to `buf.len()` bytes without blocking; 0 means nothing available now.
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError>;
+    /// A file descriptor to `poll` on while waiting, if the link has one.
+    fn poll_fd(&self) -> Option<RawFd> {
+        None
+    }
+    /// Whether the link can move memory of this kind directly.
+    fn supports(&self, mem: MemKind) -> bool {
+        mem == MemKind::Host
+    }
+    /// Register a buffer with the link (no-op for host-memory links).
+    fn register(
+        &mut self,
+        _ptr: *const u8,
+        _len: usize,
+        _mem: MemKind,
+    ) -> Result<Registration, LinkError> {
+        Ok(Registration::default())
+    }
+    /// Check that the peer is still alive (links without a connection to watch use this).
+    fn check_peer(&self) -> Result<(), LinkError> {
+        Ok(())
+    }
+    /// Bytes sent so far (for counters and tests).
+    fn bytes_sent(&self) -> u64;
+}
+
+/// Spin briefly, then yield, then sleep: ranks may outnumber cores, and a pure spin-wait turns
+/// an oversubscribed run into a crawl.
+pub struct Backoff {
+    n: u32,
+    start: Instant,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new()
+    }
+}
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff {
+            n: 0,
+            start: Instant::now(),
+        }
+    }
+    pub fn reset(&mut self) {
+        self.n = 0;
+        self.start = Instant::now();
+    }
+    /// Time since the last progress.
+    pub fn waited(&self) -> Duration {
+        self.start.elapsed()
+    }
+    pub fn snooze(&mut self) {
+        self.n = self.n.saturating_add(1);
+        if self.n < 128 {
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        } else if self.n < 4096 && self.start.elapsed() < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(if self.n < 8192 { 20 } else { 200 }));
+        }
+    }
+    /// True when the caller should spend a little time on expensive checks (peer liveness).
+    pub fn check_due(&self) -> bool {
+        self.n > 0 && self.n % 1024 == 0
+    }
+}

@@ -1,0 +1,584 @@
+//! Shared memory inside a node: one segment per (communicator, node) in `/dev/shm`, created by
+//! the node's first rank, mapped by every local rank, and unlinked as soon as all have mapped it
+//! (a crash leaves no file behind).
+//!
+//! Layout: a header; one control block per local rank (sequence flags on separate cache lines,
+//! its pid, the descriptor of its current call); per rank two staging slots; one single-producer
+//! ring per ordered pair of local ranks for point-to-point [`ShmLink`]s.
+//!
+//! In-node collectives ([`ShmFabric::node_op`]) move data in chunks through the staging slots:
+//! each rank copies its chunk in, then **each rank reduces its own piece by reading every peer's
+//! slot directly** (no ring hops), then every rank copies the other ranks' reduced pieces out.
+//! Slots alternate, so copying chunk c+1 in overlaps peers still reducing chunk c. The staging
+//! slots are sized to stay in the last-level cache, so the memory traffic that reaches DRAM is
+//! about one read and one write of the user's buffer per rank.
+
+use super::{Backoff, Link, LinkError};
+use crate::error::{Error, Result};
+use railring_collectives::kernels;
+use railring_collectives::{DataType, ReduceOp};
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MAGIC: u64 = 0x5241_494c_5348_4d31; // "RAILSHM1"
+const HDR: usize = 4096;
+const CTL: usize = 384;
+const RING_HDR: usize = 128;
+/// Descriptor bytes kept per rank for mismatch checks.
+pub const DESC: usize = 64;
+
+/// A mapped shared-memory segment.
+pub struct Segment {
+    base: *mut u8,
+    len: usize,
+}
+unsafe impl Send for Segment {}
+unsafe impl Sync for Segment {}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        // SAFETY: base/len came from a successful mmap.
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+impl Segment {
+    fn map(path: &Path, len: usize, create: bool) -> std::io::Result<Segment> {
+        let f = if create {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path)?;
+            f.set_len(len as u64)?;
+            f
+        } else {
+            let f = OpenOptions::new().read(true).write(true).open(path)?;
+            let have = f.metadata()?.len();
+            if have < len as u64 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("segment is {have} bytes, expected {len}"),
+                ));
+            }
+            f
+        };
+        // SAFETY: mapping a regular file we just opened; the length was checked above.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Segment {
+            base: p as *mut u8,
+            len,
+        })
+    }
+}
+
+/// Geometry of a node segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    pub local_size: usize,
+    pub slot_bytes: usize,
+    pub ring_bytes: usize,
+}
+
+impl Geometry {
+    fn ctl_off(&self, i: usize) -> usize {
+        HDR + i * CTL
+    }
+    fn stage_off(&self, i: usize, slot: usize) -> usize {
+        HDR + self.local_size * CTL + (i * 2 + slot) * self.slot_bytes
+    }
+    fn ring_off(&self, from: usize, to: usize) -> usize {
+        HDR + self.local_size * CTL
+            + self.local_size * 2 * self.slot_bytes
+            + (from * self.local_size + to) * (RING_HDR + self.ring_bytes)
+    }
+    pub fn total(&self) -> usize {
+        self.ring_off(self.local_size, 0)
+    }
+}
+
+/// The shared node state, shared by the fabric and the node's p2p links.
+pub struct Node {
+    seg: Segment,
+    pub geo: Geometry,
+    /// Local index → communicator rank.
+    pub ranks: Vec<usize>,
+    pub me: usize,
+    pub host: String,
+}
+
+impl Node {
+    /// Create (leader) or open (others) the node segment at `path`. The leader creates it; the
+    /// caller unlinks it once every local rank has mapped it.
+    pub fn open(
+        path: &Path,
+        geo: Geometry,
+        ranks: Vec<usize>,
+        me: usize,
+        host: String,
+        create: bool,
+    ) -> std::io::Result<Arc<Node>> {
+        let seg = Segment::map(path, geo.total(), create)?;
+        let node = Node {
+            seg,
+            geo,
+            ranks,
+            me,
+            host,
+        };
+        if create {
+            // SAFETY: header is inside the mapping; the file was zero-filled by set_len.
+            unsafe {
+                std::ptr::write(node.seg.base as *mut u64, MAGIC);
+            }
+        } else {
+            // SAFETY: as above.
+            let m = unsafe { std::ptr::read_volatile(node.seg.base as *const u64) };
+            if m != MAGIC {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "not a railring segment",
+                ));
+            }
+        }
+        node.pid(me).store(std::process::id(), Ordering::Release);
+        Ok(Arc::new(node))
+    }
+
+    fn at<T>(&self, off: usize) -> &T {
+        debug_assert!(off + std::mem::size_of::<T>() <= self.seg.len);
+        // SAFETY: offsets computed from the geometry stay inside the mapping; atomics are
+        // valid for any bit pattern and are aligned (all offsets are multiples of 8).
+        unsafe { &*(self.seg.base.add(off) as *const T) }
+    }
+    fn ready(&self, i: usize) -> &AtomicU64 {
+        self.at(self.geo.ctl_off(i))
+    }
+    fn reduced(&self, i: usize) -> &AtomicU64 {
+        self.at(self.geo.ctl_off(i) + 64)
+    }
+    fn done(&self, i: usize) -> &AtomicU64 {
+        self.at(self.geo.ctl_off(i) + 128)
+    }
+    fn pid(&self, i: usize) -> &AtomicU32 {
+        self.at(self.geo.ctl_off(i) + 192)
+    }
+    /// The descriptor of the call that uses staging slot `slot` (one per slot, so a rank that
+    /// runs ahead into the next call cannot overwrite what a slower peer is about to compare).
+    fn desc_ptr(&self, i: usize, slot: usize) -> *mut u8 {
+        // SAFETY: bytes 256..384 of the control block.
+        unsafe { self.seg.base.add(self.geo.ctl_off(i) + 256 + slot * DESC) }
+    }
+    fn stage(&self, i: usize, slot: usize) -> *mut u8 {
+        // SAFETY: inside the mapping.
+        unsafe { self.seg.base.add(self.geo.stage_off(i, slot)) }
+    }
+    fn ring(&self, from: usize, to: usize) -> (&AtomicU64, &AtomicU64, *mut u8) {
+        let off = self.geo.ring_off(from, to);
+        // SAFETY: inside the mapping.
+        (self.at(off), self.at(off + 64), unsafe {
+            self.seg.base.add(off + RING_HDR)
+        })
+    }
+
+    /// Is local rank `i` still alive?
+    pub fn alive(&self, i: usize) -> bool {
+        let pid = self.pid(i).load(Ordering::Acquire);
+        if pid == 0 {
+            return true; // not started yet
+        }
+        // SAFETY: kill with signal 0 only checks for existence.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    }
+}
+
+/// Which in-node collective to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeMode {
+    /// Reduce-scatter: afterwards local rank i's slice holds the node's reduction of it.
+    ReduceScatter,
+    /// All-gather: afterwards every slice holds its owner's data.
+    AllGather,
+    /// Reduce-scatter and all-gather fused (an in-node all-reduce), pipelined per chunk.
+    AllReduce,
+    /// Small all-reduce: every rank reduces the whole (small) buffer itself; one flag round.
+    AllReduceSmall,
+    /// Broadcast from local index `root` (used by node-level broadcast plans).
+    Broadcast { root: usize },
+}
+
+/// The in-node collective engine over a [`Node`] segment.
+pub struct ShmFabric {
+    pub node: Arc<Node>,
+    gen: u64,
+    pub timeout: Duration,
+    pub rank: usize,
+}
+
+/// What to call a local index in errors.
+fn who(node: &Node, i: usize) -> usize {
+    node.ranks.get(i).copied().unwrap_or(i)
+}
+
+impl ShmFabric {
+    pub fn new(node: Arc<Node>, timeout: Duration) -> ShmFabric {
+        let rank = node.ranks[node.me];
+        ShmFabric {
+            node,
+            gen: 0,
+            timeout,
+            rank,
+        }
+    }
+
+    pub fn local_size(&self) -> usize {
+        self.node.geo.local_size
+    }
+
+    /// Wait until `flag(j) >= target` for every local j, checking peers' liveness and the timeout.
+    fn wait_all<'a>(
+        &'a self,
+        what: &str,
+        target: u64,
+        flag: impl Fn(usize) -> &'a AtomicU64,
+    ) -> Result<()> {
+        let l = self.local_size();
+        let mut b = Backoff::new();
+        let mut j = 0;
+        while j < l {
+            if flag(j).load(Ordering::Acquire) >= target {
+                j += 1;
+                b.reset();
+                continue;
+            }
+            b.snooze();
+            if b.check_due() {
+                if !self.node.alive(j) {
+                    return Err(Error::PeerDead {
+                        rank: self.rank,
+                        peer: who(&self.node, j),
+                        host: self.node.host.clone(),
+                        why: format!("its process exited during an in-node {what}"),
+                    });
+                }
+                if b.waited() > self.timeout {
+                    let waiting = (0..l)
+                        .filter(|&k| flag(k).load(Ordering::Acquire) < target)
+                        .map(|k| who(&self.node, k))
+                        .collect();
+                    return Err(Error::Timeout {
+                        rank: self.rank,
+                        secs: self.timeout.as_secs(),
+                        waiting,
+                        what: format!("in-node {what}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Run one in-node collective. `work` is this rank's buffer; `slices[i]` = (byte offset,
+    /// byte length) owned by local index i (all ranks pass identical slices). `desc` describes
+    /// the call; peers' descriptors must match or the call fails naming both.
+    ///
+    /// # Safety
+    /// `work` must be valid for reads and writes over every slice.
+    pub unsafe fn node_op(
+        &mut self,
+        mode: NodeMode,
+        dtype: DataType,
+        op: ReduceOp,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        let l = self.local_size();
+        let me = self.node.me;
+        let esz = dtype.size();
+        if l == 1 {
+            return Ok(());
+        }
+        let slot = self.node.geo.slot_bytes;
+        if let NodeMode::AllReduceSmall = mode {
+            let bytes = slices.iter().map(|s| s.1).sum::<usize>();
+            let base = slices.first().map(|s| s.0).unwrap_or(0);
+            if bytes <= slot {
+                return self.small_allreduce(dtype, op, work.add(base), bytes, desc, describe);
+            }
+        }
+        let mode = if let NodeMode::AllReduceSmall = mode {
+            NodeMode::AllReduce
+        } else {
+            mode
+        };
+        // Piece capacity per local rank inside one slot, a multiple of 64 bytes.
+        let (piece_cap, max_slice) = match mode {
+            NodeMode::Broadcast { .. } => {
+                (slot & !63, slices.iter().map(|s| s.1).max().unwrap_or(0))
+            }
+            _ => (
+                (slot / l) & !63,
+                slices.iter().map(|s| s.1).max().unwrap_or(0),
+            ),
+        };
+        let max_elems = max_slice / esz;
+        let cap_elems = (piece_cap / esz).max(1);
+        let nchunks = max_elems.div_ceil(cap_elems).max(1);
+        for c in 0..nchunks {
+            self.gen += 1;
+            let g = self.gen;
+            let s = (g % 2) as usize;
+            // piece j of this chunk: (byte offset in work, bytes)
+            let piece = |j: usize| -> (usize, usize) {
+                let (off, len) = slices[j];
+                let (po, pl) = railring_collectives::plan::split(len / esz, nchunks, c);
+                (off + po * esz, pl * esz)
+            };
+            if g > 2 {
+                self.wait_all("reuse of a staging slot", g - 2, |j| self.node.done(j))?;
+            }
+            if c == 0 {
+                std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
+            }
+            let mine = self.node.stage(me, s);
+            match mode {
+                NodeMode::AllGather => {
+                    let (o, n) = piece(me);
+                    std::ptr::copy_nonoverlapping(work.add(o), mine.add(me * piece_cap), n);
+                }
+                NodeMode::Broadcast { root } => {
+                    if me == root {
+                        let (o, n) = piece(0);
+                        std::ptr::copy_nonoverlapping(work.add(o), mine, n);
+                    }
+                }
+                _ => {
+                    for j in 0..l {
+                        let (o, n) = piece(j);
+                        std::ptr::copy_nonoverlapping(work.add(o), mine.add(j * piece_cap), n);
+                    }
+                }
+            }
+            self.node.ready(me).store(g, Ordering::Release);
+            self.wait_all("collective (waiting for peers' data)", g, |j| {
+                self.node.ready(j)
+            })?;
+            if c == 0 {
+                self.check_descs(s, desc, describe)?;
+            }
+            match mode {
+                NodeMode::ReduceScatter | NodeMode::AllReduce => {
+                    let (o, n) = piece(me);
+                    let srcs: Vec<*const u8> = (0..l)
+                        .map(|j| self.node.stage(j, s).add(me * piece_cap) as *const u8)
+                        .collect();
+                    let dst = if mode == NodeMode::ReduceScatter {
+                        work.add(o)
+                    } else {
+                        mine.add(me * piece_cap)
+                    };
+                    kernels::reduce_many_raw(dtype, op, dst, &srcs, n);
+                    if mode == NodeMode::AllReduce {
+                        fence(Ordering::Release);
+                        self.node.reduced(me).store(g, Ordering::Release);
+                        self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
+                            self.node.reduced(j)
+                        })?;
+                        for j in 0..l {
+                            let (o, n) = piece(j);
+                            std::ptr::copy_nonoverlapping(
+                                self.node.stage(j, s).add(j * piece_cap),
+                                work.add(o),
+                                n,
+                            );
+                        }
+                    }
+                }
+                NodeMode::AllGather => {
+                    for j in (0..l).filter(|&j| j != me) {
+                        let (o, n) = piece(j);
+                        std::ptr::copy_nonoverlapping(
+                            self.node.stage(j, s).add(j * piece_cap),
+                            work.add(o),
+                            n,
+                        );
+                    }
+                }
+                NodeMode::Broadcast { root } => {
+                    if me != root {
+                        let (o, n) = piece(0);
+                        std::ptr::copy_nonoverlapping(self.node.stage(root, s), work.add(o), n);
+                    }
+                }
+                NodeMode::AllReduceSmall => unreachable!("rewritten above"),
+            }
+            self.node.done(me).store(g, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    unsafe fn small_allreduce(
+        &mut self,
+        dtype: DataType,
+        op: ReduceOp,
+        work: *mut u8,
+        bytes: usize,
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        let l = self.local_size();
+        let me = self.node.me;
+        self.gen += 1;
+        let g = self.gen;
+        let s = (g % 2) as usize;
+        if g > 2 {
+            self.wait_all("reuse of a staging slot", g - 2, |j| self.node.done(j))?;
+        }
+        std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
+        std::ptr::copy_nonoverlapping(work, self.node.stage(me, s), bytes);
+        self.node.ready(me).store(g, Ordering::Release);
+        self.wait_all("all-reduce (waiting for peers' data)", g, |j| {
+            self.node.ready(j)
+        })?;
+        self.check_descs(s, desc, describe)?;
+        let srcs: Vec<*const u8> = (0..l).map(|j| self.node.stage(j, s) as *const u8).collect();
+        kernels::reduce_many_raw(dtype, op, work, &srcs, bytes);
+        self.node.done(me).store(g, Ordering::Release);
+        Ok(())
+    }
+
+    fn check_descs(
+        &self,
+        s: usize,
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        for j in 0..self.local_size() {
+            let mut theirs = [0u8; DESC];
+            // SAFETY: inside the mapping; the peer does not rewrite it before we mark done.
+            unsafe {
+                std::ptr::copy_nonoverlapping(self.node.desc_ptr(j, s), theirs.as_mut_ptr(), DESC)
+            };
+            if &theirs != desc {
+                return Err(Error::Mismatch {
+                    rank: self.rank,
+                    peer: who(&self.node, j),
+                    mine: describe(desc),
+                    theirs: describe(&theirs),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A point-to-point link to another rank on the same node, over a single-producer ring in the
+/// node segment.
+pub struct ShmLink {
+    node: Arc<Node>,
+    peer: usize,
+    sent: u64,
+}
+
+impl ShmLink {
+    pub fn new(node: Arc<Node>, peer_local: usize) -> ShmLink {
+        ShmLink {
+            node,
+            peer: peer_local,
+            sent: 0,
+        }
+    }
+}
+
+impl Link for ShmLink {
+    fn describe(&self) -> String {
+        format!(
+            "shm local {} -> local {} on {}",
+            self.node.me, self.peer, self.node.host
+        )
+    }
+    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+        let (head, tail, buf) = self.node.ring(self.node.me, self.peer);
+        let cap = self.node.geo.ring_bytes as u64;
+        let h = head.load(Ordering::Relaxed);
+        let t = tail.load(Ordering::Acquire);
+        let free = (cap - (h - t)) as usize;
+        let n = free.min(data.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let pos = (h % cap) as usize;
+        let first = n.min(cap as usize - pos);
+        // SAFETY: the ring region [buf, buf+cap) is inside the mapping; we only write free space.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), buf.add(pos), first);
+            std::ptr::copy_nonoverlapping(data.as_ptr().add(first), buf, n - first);
+        }
+        head.store(h + n as u64, Ordering::Release);
+        self.sent += n as u64;
+        Ok(n)
+    }
+    fn try_recv(&mut self, out: &mut [u8]) -> Result<usize, LinkError> {
+        let (head, tail, buf) = self.node.ring(self.peer, self.node.me);
+        let cap = self.node.geo.ring_bytes as u64;
+        let t = tail.load(Ordering::Relaxed);
+        let h = head.load(Ordering::Acquire);
+        let n = ((h - t) as usize).min(out.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let pos = (t % cap) as usize;
+        let first = n.min(cap as usize - pos);
+        // SAFETY: reading bytes the producer published (h was loaded with Acquire).
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.add(pos), out.as_mut_ptr(), first);
+            std::ptr::copy_nonoverlapping(buf, out.as_mut_ptr().add(first), n - first);
+        }
+        tail.store(t + n as u64, Ordering::Release);
+        Ok(n)
+    }
+    fn check_peer(&self) -> Result<(), LinkError> {
+        if self.node.alive(self.peer) {
+            Ok(())
+        } else {
+            Err(LinkError::PeerGone(format!(
+                "local rank {} on {} exited",
+                self.peer, self.node.host
+            )))
+        }
+    }
+    fn bytes_sent(&self) -> u64 {
+        self.sent
+    }
+}
+
+/// Where a node segment lives: `/dev/shm/railring-<job>-<comm>-<node>`.
+pub fn segment_path(job: &str, comm: u64, node_key: &str) -> PathBuf {
+    let clean: String = node_key
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(24)
+        .collect();
+    PathBuf::from(format!("/dev/shm/railring-{job}-{comm:x}-{clean}"))
+}

@@ -1,0 +1,516 @@
+//! TCP between nodes, multi-rail. Each rank listens on every rail interface; a rank connects
+//! from its own rail (the socket is bound to that NIC's address before connecting) to the peer's
+//! address on the same subnet, so rails are matched across nodes by subnet. Every connection
+//! proves the job secret (HMAC handshake) and says which communicator, rank and channel it
+//! carries before any data flows.
+
+use super::{Link, LinkError};
+use crate::bootstrap::auth;
+use serde::{Deserialize, Serialize};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// One network interface usable as a rail.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rail {
+    pub ifname: String,
+    pub ip: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl Rail {
+    pub fn subnet(&self) -> (u32, u8) {
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.prefix.min(32))
+        };
+        (u32::from(self.ip) & mask, self.prefix)
+    }
+    pub fn same_subnet(&self, ip: Ipv4Addr) -> bool {
+        let (net, p) = self.subnet();
+        let mask = if p == 0 {
+            0
+        } else {
+            u32::MAX << (32 - p.min(32))
+        };
+        u32::from(ip) & mask == net
+    }
+}
+
+/// A rail address as published in the bootstrap store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RailAddr {
+    pub rail: Rail,
+    pub port: u16,
+}
+
+/// An `RAILRING_SOCKET_IFNAME`-style filter (NCCL grammar): comma-separated prefixes; a leading
+/// `^` excludes the listed prefixes instead; a leading `=` (after `^` if any) makes the names exact.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IfFilter {
+    exclude: bool,
+    exact: bool,
+    names: Vec<String>,
+}
+
+impl IfFilter {
+    pub fn parse(s: &str) -> IfFilter {
+        let mut s = s.trim();
+        let exclude = s.starts_with('^');
+        if exclude {
+            s = &s[1..];
+        }
+        let exact = s.starts_with('=');
+        if exact {
+            s = &s[1..];
+        }
+        let names = s
+            .split(',')
+            .map(|x| x.trim().to_string())
+            .filter(|x| !x.is_empty())
+            .collect();
+        IfFilter {
+            exclude,
+            exact,
+            names,
+        }
+    }
+    pub fn matches(&self, ifname: &str) -> bool {
+        let hit = self.names.iter().any(|n| {
+            if self.exact {
+                ifname == n
+            } else {
+                ifname.starts_with(n.as_str())
+            }
+        });
+        hit != self.exclude
+    }
+}
+
+/// The interfaces that carry rails: those matching `filter`, or automatically every IPv4
+/// interface that is up except loopback and container bridges (falling back to loopback when
+/// nothing else exists). Sorted by name so local rank i → rail i mod R agrees across nodes.
+pub fn discover_rails(filter: Option<&str>) -> io::Result<Vec<Rail>> {
+    let mut rails = Vec::new();
+    let addrs = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
+    for ifa in addrs {
+        let Some(addr) = ifa
+            .address
+            .as_ref()
+            .and_then(|a| a.as_sockaddr_in().map(|s| s.ip()))
+        else {
+            continue;
+        };
+        if !ifa.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP) {
+            continue;
+        }
+        let prefix = ifa
+            .netmask
+            .as_ref()
+            .and_then(|m| {
+                m.as_sockaddr_in()
+                    .map(|s| u32::from(s.ip()).count_ones() as u8)
+            })
+            .unwrap_or(32);
+        rails.push(Rail {
+            ifname: ifa.interface_name.clone(),
+            ip: addr,
+            prefix,
+        });
+    }
+    rails.sort_by(|a, b| a.ifname.cmp(&b.ifname).then(a.ip.cmp(&b.ip)));
+    rails.dedup_by(|a, b| a.ifname == b.ifname);
+    let chosen: Vec<Rail> = match filter {
+        Some(f) => {
+            let f = IfFilter::parse(f);
+            rails
+                .iter()
+                .filter(|r| f.matches(&r.ifname))
+                .cloned()
+                .collect()
+        }
+        None => rails
+            .iter()
+            .filter(|r| {
+                !r.ip.is_loopback()
+                    && !["docker", "virbr", "veth", "br-", "cni", "flannel", "cali"]
+                        .iter()
+                        .any(|p| r.ifname.starts_with(p))
+            })
+            .cloned()
+            .collect(),
+    };
+    if chosen.is_empty() {
+        if filter.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "RAILRING_SOCKET_IFNAME={} matches no IPv4 interface that is up (have: {})",
+                    filter.unwrap_or_default(),
+                    rails
+                        .iter()
+                        .map(|r| r.ifname.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        return Ok(vec![Rail {
+            ifname: "lo".into(),
+            ip: Ipv4Addr::LOCALHOST,
+            prefix: 8,
+        }]);
+    }
+    Ok(chosen)
+}
+
+/// What a connecting rank says right after the handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Hello {
+    comm: u64,
+    from: u32,
+    chan: u32,
+}
+
+impl Hello {
+    fn bytes(&self) -> [u8; 16] {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.comm.to_le_bytes());
+        b[8..12].copy_from_slice(&self.from.to_le_bytes());
+        b[12..].copy_from_slice(&self.chan.to_le_bytes());
+        b
+    }
+    fn parse(b: &[u8; 16]) -> Hello {
+        Hello {
+            comm: u64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
+            from: u32::from_le_bytes(b[8..12].try_into().unwrap_or_default()),
+            chan: u32::from_le_bytes(b[12..].try_into().unwrap_or_default()),
+        }
+    }
+}
+
+type Pending = Arc<(Mutex<HashMap<Hello, TcpStream>>, Condvar)>;
+
+/// This process's TCP endpoint: listeners on every rail and the connections that arrived.
+pub struct TcpNet {
+    pub rails: Vec<Rail>,
+    pub addrs: Vec<RailAddr>,
+    pending: Pending,
+    secret: Vec<u8>,
+}
+
+impl TcpNet {
+    /// Listen on every rail and accept authenticated data connections in the background.
+    pub fn start(rails: Vec<Rail>, secret: &str) -> io::Result<Arc<TcpNet>> {
+        let pending: Pending = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
+        let mut addrs = Vec::new();
+        for rail in &rails {
+            let l = TcpListener::bind(SocketAddr::new(IpAddr::V4(rail.ip), 0))?;
+            addrs.push(RailAddr {
+                rail: rail.clone(),
+                port: l.local_addr()?.port(),
+            });
+            let pending = pending.clone();
+            let secret = secret.as_bytes().to_vec();
+            std::thread::Builder::new()
+                .name("rr-tcp-accept".into())
+                .spawn(move || {
+                    for s in l.incoming().flatten() {
+                        let pending = pending.clone();
+                        let secret = secret.clone();
+                        // Handshake off the accept thread: a slow or hostile client cannot block others.
+                        let _ =
+                            std::thread::Builder::new()
+                                .name("rr-tcp-hs".into())
+                                .spawn(move || {
+                                    if let Ok((h, s)) = accept_one(s, &secret) {
+                                        let (m, cv) = &*pending;
+                                        m.lock().unwrap_or_else(|e| e.into_inner()).insert(h, s);
+                                        cv.notify_all();
+                                    }
+                                });
+                    }
+                })?;
+        }
+        Ok(Arc::new(TcpNet {
+            rails,
+            addrs,
+            pending,
+            secret: secret.as_bytes().to_vec(),
+        }))
+    }
+
+    /// Connect to `peer` (comm rank `peer_rank`) for channel `chan`, from `my_rail`. The peer's
+    /// address is the one on the same subnet as our rail (else its rail with the same index).
+    pub fn connect(
+        &self,
+        comm: u64,
+        me: usize,
+        chan: usize,
+        my_rail: usize,
+        peer_addrs: &[RailAddr],
+        timeout: Duration,
+    ) -> io::Result<TcpLink> {
+        let rail = self.rails.get(my_rail % self.rails.len().max(1)).cloned();
+        let target = rail
+            .as_ref()
+            .and_then(|r| peer_addrs.iter().find(|a| r.same_subnet(a.rail.ip)))
+            .or_else(|| peer_addrs.get(my_rail % peer_addrs.len().max(1)))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "peer published no address"))?
+            .clone();
+        let dest = SocketAddr::new(IpAddr::V4(target.rail.ip), target.port);
+        let deadline = Instant::now() + timeout;
+        let s = loop {
+            let sock = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+            if let Some(r) = &rail {
+                if r.same_subnet(target.rail.ip) && !r.ip.is_loopback() {
+                    sock.bind(&SockAddr::from(SocketAddr::new(IpAddr::V4(r.ip), 0)))?;
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match sock.connect_timeout(&SockAddr::from(dest), left.max(Duration::from_millis(50))) {
+                Ok(()) => break TcpStream::from(sock),
+                Err(e)
+                    if Instant::now() < deadline
+                        && e.kind() == io::ErrorKind::ConnectionRefused =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => return Err(io::Error::new(e.kind(), format!("connect to {dest}: {e}"))),
+            }
+        };
+        let mut s = s;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(timeout))?;
+        auth::client_handshake(&mut s, &self.secret, "data")
+            .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
+        s.write_all(
+            &Hello {
+                comm,
+                from: me as u32,
+                chan: chan as u32,
+            }
+            .bytes(),
+        )?;
+        TcpLink::new(
+            s,
+            format!(
+                "tcp {} {} -> {}",
+                rail.map(|r| r.ifname).unwrap_or_default(),
+                local_ip(&self.rails, my_rail),
+                dest
+            ),
+        )
+    }
+
+    /// Wait for `peer` to connect to us for (comm, chan).
+    pub fn accept(
+        &self,
+        comm: u64,
+        peer: usize,
+        chan: usize,
+        timeout: Duration,
+    ) -> io::Result<Option<TcpLink>> {
+        let key = Hello {
+            comm,
+            from: peer as u32,
+            chan: chan as u32,
+        };
+        let (m, cv) = &*self.pending;
+        let deadline = Instant::now() + timeout;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(s) = g.remove(&key) {
+                let desc = format!(
+                    "tcp {} <- {}",
+                    s.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+                    s.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+                );
+                return TcpLink::new(s, desc).map(Some);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            g = cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+fn local_ip(rails: &[Rail], r: usize) -> String {
+    rails
+        .get(r % rails.len().max(1))
+        .map(|x| x.ip.to_string())
+        .unwrap_or_default()
+}
+
+fn accept_one(mut s: TcpStream, secret: &[u8]) -> io::Result<(Hello, TcpStream)> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    auth::server_handshake(&mut s, secret, Some("data"))
+        .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
+    let mut b = [0u8; 16];
+    s.read_exact(&mut b)?;
+    Ok((Hello::parse(&b), s))
+}
+
+/// A TCP connection to one peer, non-blocking.
+pub struct TcpLink {
+    s: TcpStream,
+    desc: String,
+    sent: u64,
+}
+
+impl TcpLink {
+    fn new(s: TcpStream, desc: String) -> io::Result<TcpLink> {
+        s.set_read_timeout(None)?;
+        s.set_nonblocking(true)?;
+        Ok(TcpLink { s, desc, sent: 0 })
+    }
+}
+
+fn gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+impl Link for TcpLink {
+    fn describe(&self) -> String {
+        self.desc.clone()
+    }
+    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match self.s.write(data) {
+            Ok(n) => {
+                self.sent += n as u64;
+                Ok(n)
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                Ok(0)
+            }
+            Err(e) if gone(&e) => Err(LinkError::PeerGone(format!("{}: {e}", self.desc))),
+            Err(e) => Err(LinkError::Io(e)),
+        }
+    }
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        match self.s.read(buf) {
+            Ok(0) => Err(LinkError::PeerGone(format!(
+                "{}: connection closed by peer",
+                self.desc
+            ))),
+            Ok(n) => Ok(n),
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                Ok(0)
+            }
+            Err(e) if gone(&e) => Err(LinkError::PeerGone(format!("{}: {e}", self.desc))),
+            Err(e) => Err(LinkError::Io(e)),
+        }
+    }
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.s.as_raw_fd())
+    }
+    fn bytes_sent(&self) -> u64 {
+        self.sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ifname_grammar() {
+        let f = IfFilter::parse("rail,eth");
+        assert!(f.matches("rail0") && f.matches("eth1") && !f.matches("mgmt0"));
+        let f = IfFilter::parse("^docker,lo");
+        assert!(!f.matches("docker0") && !f.matches("lo") && f.matches("eth0"));
+        let f = IfFilter::parse("=eth0");
+        assert!(f.matches("eth0") && !f.matches("eth01"));
+        let f = IfFilter::parse("^=eth0");
+        assert!(!f.matches("eth0") && f.matches("eth01"));
+    }
+
+    #[test]
+    fn subnets() {
+        let r = Rail {
+            ifname: "rail0".into(),
+            ip: Ipv4Addr::new(10, 77, 10, 11),
+            prefix: 24,
+        };
+        assert!(r.same_subnet(Ipv4Addr::new(10, 77, 10, 12)));
+        assert!(!r.same_subnet(Ipv4Addr::new(10, 77, 11, 12)));
+    }
+
+    #[test]
+    fn authenticated_link_moves_bytes_and_wrong_secret_is_refused() {
+        let lo = vec![Rail {
+            ifname: "lo".into(),
+            ip: Ipv4Addr::LOCALHOST,
+            prefix: 8,
+        }];
+        let a = TcpNet::start(lo.clone(), "s").unwrap();
+        let b = TcpNet::start(lo.clone(), "s").unwrap();
+        let mut l1 = a
+            .connect(7, 0, 1, 0, &b.addrs, Duration::from_secs(2))
+            .unwrap();
+        let mut l2 = b
+            .accept(7, 0, 1, Duration::from_secs(2))
+            .unwrap()
+            .expect("accepted");
+        let mut sent = 0;
+        let data = vec![5u8; 1 << 20];
+        let mut got = vec![0u8; 1 << 20];
+        let mut rcv = 0;
+        while rcv < got.len() {
+            if sent < data.len() {
+                sent += l1.try_send(&data[sent..]).unwrap();
+            }
+            rcv += l2.try_recv(&mut got[rcv..]).unwrap();
+        }
+        assert!(got.iter().all(|&x| x == 5));
+        let evil = TcpNet::start(lo, "other").unwrap();
+        assert!(evil
+            .connect(7, 3, 0, 0, &b.addrs, Duration::from_secs(2))
+            .is_err());
+        assert!(b
+            .accept(7, 3, 0, Duration::from_millis(200))
+            .unwrap()
+            .is_none());
+        drop(l1);
+        let mut buf = [0u8; 4];
+        let mut r = Ok(0);
+        for _ in 0..100 {
+            r = l2.try_recv(&mut buf);
+            if r.is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(matches!(r, Err(LinkError::PeerGone(_))));
+    }
+}
