@@ -172,7 +172,9 @@ mod sealed {
 
 /// A Rust type that is one of the [`DataType`]s. Implemented for i8, u8, i32, u32, i64, u64,
 /// `half::f16`, `half::bf16`, f32, f64. Every bit pattern is a valid value (plain old data).
-pub trait Element: Copy + Send + Sync + Default + PartialEq + fmt::Debug + 'static + sealed::Sealed {
+pub trait Element:
+    Copy + Send + Sync + Default + PartialEq + fmt::Debug + 'static + sealed::Sealed
+{
     const DTYPE: DataType;
     /// Exact conversion of a small integer (tests and benchmarks build exact references with it).
     fn from_i64(v: i64) -> Self;

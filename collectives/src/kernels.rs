@@ -114,10 +114,22 @@ pub unsafe fn reduce_into_raw(
                 while done < n {
                     let k = (n - done).min(a.len());
                     let sz = std::mem::size_of::<$t>();
-                    std::ptr::copy_nonoverlapping(dst.add(done * sz), a.as_mut_ptr() as *mut u8, k * sz);
-                    std::ptr::copy_nonoverlapping(src.add(done * sz), b.as_mut_ptr() as *mut u8, k * sz);
+                    std::ptr::copy_nonoverlapping(
+                        dst.add(done * sz),
+                        a.as_mut_ptr() as *mut u8,
+                        k * sz,
+                    );
+                    std::ptr::copy_nonoverlapping(
+                        src.add(done * sz),
+                        b.as_mut_ptr() as *mut u8,
+                        k * sz,
+                    );
                     combine_op::<$t>(op, &mut a[..k], &b[..k]);
-                    std::ptr::copy_nonoverlapping(a.as_ptr() as *const u8, dst.add(done * sz), k * sz);
+                    std::ptr::copy_nonoverlapping(
+                        a.as_ptr() as *const u8,
+                        dst.add(done * sz),
+                        k * sz,
+                    );
                     done += k;
                 }
             }
@@ -202,7 +214,10 @@ pub fn finish_avg(dtype: DataType, buf: &mut [u8], n: usize) {
                     // SAFETY: c holds exactly one element.
                     unsafe {
                         let v = std::ptr::read_unaligned(c.as_ptr() as *const $t);
-                        std::ptr::write_unaligned(c.as_mut_ptr() as *mut $t, <$t as Arith>::div(v, n));
+                        std::ptr::write_unaligned(
+                            c.as_mut_ptr() as *mut $t,
+                            <$t as Arith>::div(v, n),
+                        );
                     }
                 }
             }
@@ -236,28 +251,59 @@ mod tests {
         }
         let mut a = [100i8, -128, 5];
         let b = [100i8, -1, 7];
-        reduce_into(DataType::I8, ReduceOp::Sum, as_bytes_mut(&mut a), as_bytes(&b));
+        reduce_into(
+            DataType::I8,
+            ReduceOp::Sum,
+            as_bytes_mut(&mut a),
+            as_bytes(&b),
+        );
         assert_eq!(a, [-56, 127, 12], "wrapping");
         let mut h = [f16::from_f32(3.0), f16::from_f32(-2.0)];
         let g = [f16::from_f32(4.0), f16::from_f32(8.0)];
-        reduce_into(DataType::F16, ReduceOp::Prod, as_bytes_mut(&mut h), as_bytes(&g));
+        reduce_into(
+            DataType::F16,
+            ReduceOp::Prod,
+            as_bytes_mut(&mut h),
+            as_bytes(&g),
+        );
         assert_eq!(h, [f16::from_f32(12.0), f16::from_f32(-16.0)]);
         let mut u = [5u64, 9];
-        reduce_into(DataType::U64, ReduceOp::Max, as_bytes_mut(&mut u), as_bytes(&[7u64, 1]));
+        reduce_into(
+            DataType::U64,
+            ReduceOp::Max,
+            as_bytes_mut(&mut u),
+            as_bytes(&[7u64, 1]),
+        );
         assert_eq!(u, [7, 9]);
     }
 
     #[test]
     fn many_sources_aliasing_and_unaligned() {
         let n = 5000usize;
-        let srcs: Vec<Vec<i32>> = (0..4).map(|r| (0..n as i32).map(|i| i * (r + 1)).collect()).collect();
+        let srcs: Vec<Vec<i32>> = (0..4)
+            .map(|r| (0..n as i32).map(|i| i * (r + 1)).collect())
+            .collect();
         let mut dst = srcs[2].clone();
         let ptrs: Vec<*const u8> = srcs
             .iter()
             .enumerate()
-            .map(|(i, s)| if i == 2 { dst.as_ptr() as *const u8 } else { s.as_ptr() as *const u8 })
+            .map(|(i, s)| {
+                if i == 2 {
+                    dst.as_ptr() as *const u8
+                } else {
+                    s.as_ptr() as *const u8
+                }
+            })
             .collect();
-        unsafe { reduce_many_raw(DataType::I32, ReduceOp::Sum, dst.as_mut_ptr() as *mut u8, &ptrs, n * 4) };
+        unsafe {
+            reduce_many_raw(
+                DataType::I32,
+                ReduceOp::Sum,
+                dst.as_mut_ptr() as *mut u8,
+                &ptrs,
+                n * 4,
+            )
+        };
         for (i, v) in dst.iter().enumerate() {
             assert_eq!(*v, i as i32 * 10);
         }
@@ -266,7 +312,10 @@ mod tests {
         let src = [1.5f64, 2.0, -3.0];
         raw[1..].copy_from_slice(as_bytes(&[1.0f64, 1.0, 1.0]));
         reduce_into(DataType::F64, ReduceOp::Sum, &mut raw[1..], as_bytes(&src));
-        let got: Vec<f64> = raw[1..].chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+        let got: Vec<f64> = raw[1..]
+            .chunks(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         assert_eq!(got, [2.5, 3.0, -2.0]);
         let mut avg = [7i32, -9, 8];
         finish_avg(DataType::I32, as_bytes_mut(&mut avg), 2);

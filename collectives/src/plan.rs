@@ -270,12 +270,16 @@ impl fmt::Display for Plan {
                     }
                     writeln!(f)?;
                 }
-                Step::NodeReduceScatter { group, slices } => {
-                    writeln!(f, "  {i:3}: node reduce-scatter over {group:?}, slices {}", fmt_regions(slices))?
-                }
-                Step::NodeAllGather { group, slices } => {
-                    writeln!(f, "  {i:3}: node all-gather over {group:?}, slices {}", fmt_regions(slices))?
-                }
+                Step::NodeReduceScatter { group, slices } => writeln!(
+                    f,
+                    "  {i:3}: node reduce-scatter over {group:?}, slices {}",
+                    fmt_regions(slices)
+                )?,
+                Step::NodeAllGather { group, slices } => writeln!(
+                    f,
+                    "  {i:3}: node all-gather over {group:?}, slices {}",
+                    fmt_regions(slices)
+                )?,
                 Step::Copy { src, dst } => writeln!(f, "  {i:3}: copy {src} -> {dst}")?,
             }
         }
@@ -284,7 +288,10 @@ impl fmt::Display for Plan {
 }
 
 fn fmt_regions(r: &[Region]) -> String {
-    r.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ")
+    r.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -1,0 +1,615 @@
+//! Cost model, in the spirit of NCCL's tuning model: every transfer costs `α + bytes / β` on its
+//! link class, reductions cost `bytes / reduce_bw`, and a plan's steps run one after the other.
+//!
+//! - [`LinkCost`] per link class: `local` (shared memory inside a node) and `net` (the network,
+//!   per rail).
+//! - An `Exchange` costs the slower of its send and its receive (they run concurrently), each
+//!   priced on the class of its peer (same node → `local`, else `net`), plus the reduction of the
+//!   received bytes when `reduce` is set.
+//! - `NodeReduceScatter` costs `ceil(log2 L)` × `local.alpha` (the members' synchronisation)
+//!   plus reading (and reducing) the L-1 other members' copies of the largest slice;
+//!   `NodeAllGather` the same synchronisation plus reading the other members' slices; `Copy`
+//!   its bytes at `local.beta`.
+//! - Network sharing: algorithms in which every rank of a node talks to the network at once
+//!   (two_level's L rings, recursive_doubling's cross-node rounds, pairwise) share the node's
+//!   `rails` NICs: their network β is divided by `ceil(L / rails)`. A flat ring or a tree has
+//!   one network flow per node at a time.
+//! - A call's price is its critical path: a timed run of all ranks' plans
+//!   ([`CostModel::simulate`]), so waiting for peers counts.
+//!
+//! The numbers are fields; the runtime may override them (e.g. from environment variables, via
+//! [`CostModel::set`]). Forcing an algorithm is the runtime's job (RAILRING_ALGO).
+
+use crate::build::{algorithms_for, build_plan, validate_layout};
+use crate::plan::{Algo, CollKind, Layout, Plan, Step, Xfer};
+use std::collections::{HashMap, VecDeque};
+
+/// Latency and bandwidth of one link class.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LinkCost {
+    /// Seconds per transfer.
+    pub alpha: f64,
+    /// Bytes per second.
+    pub beta: f64,
+}
+
+impl LinkCost {
+    /// Seconds to move `bytes` (zero bytes cost nothing: executors skip empty transfers).
+    pub fn time(&self, bytes: f64) -> f64 {
+        if bytes <= 0.0 {
+            0.0
+        } else {
+            self.alpha + bytes / self.beta
+        }
+    }
+}
+
+/// The tuning model. See the module documentation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CostModel {
+    /// Shared memory inside a node.
+    pub local: LinkCost,
+    /// The network, per rail.
+    pub net: LinkCost,
+    /// Network rails (NICs) per node.
+    pub rails: usize,
+    /// Bytes per second one rank combines in a reduction kernel.
+    pub reduce_bw: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel::default_cpu()
+    }
+}
+
+/// Keys accepted by [`CostModel::set`].
+pub const COST_KEYS: [&str; 6] = [
+    "local_alpha",
+    "local_beta",
+    "net_alpha",
+    "net_beta",
+    "rails",
+    "reduce_bw",
+];
+
+impl CostModel {
+    /// Defaults for CPUs over TCP: shared memory α = 1 µs, β = 5 GB/s; network α = 30 µs,
+    /// β = 1.2 GB/s per rail (10 GbE-class), 1 rail; reductions at 8 GB/s.
+    pub fn default_cpu() -> CostModel {
+        CostModel {
+            local: LinkCost {
+                alpha: 1e-6,
+                beta: 5e9,
+            },
+            net: LinkCost {
+                alpha: 30e-6,
+                beta: 1.2e9,
+            },
+            rails: 1,
+            reduce_bw: 8e9,
+        }
+    }
+
+    /// Overrides one field by name (see [`COST_KEYS`]): `local_alpha` / `net_alpha` in seconds
+    /// (≥ 0), `local_beta` / `net_beta` / `reduce_bw` in bytes per second (> 0), `rails` (≥ 1).
+    pub fn set(&mut self, key: &str, value: f64) -> Result<(), String> {
+        if !value.is_finite() || value < 0.0 {
+            return Err(format!(
+                "cost {key} = {value}: must be a finite number >= 0"
+            ));
+        }
+        let positive = |v: f64| {
+            if v > 0.0 {
+                Ok(v)
+            } else {
+                Err(format!("cost {key} = {value}: must be > 0"))
+            }
+        };
+        match key {
+            "local_alpha" => self.local.alpha = value,
+            "net_alpha" => self.net.alpha = value,
+            "local_beta" => self.local.beta = positive(value)?,
+            "net_beta" => self.net.beta = positive(value)?,
+            "reduce_bw" => self.reduce_bw = positive(value)?,
+            "rails" => self.rails = positive(value)?.round().max(1.0) as usize,
+            _ => {
+                return Err(format!(
+                    "unknown cost parameter '{key}' (expected one of {})",
+                    COST_KEYS.join(", ")
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn rank_view<'a>(&'a self, plan: &Plan, nodes: &'a NodeMap, dtype_size: usize) -> RankView<'a> {
+        let home = nodes.node_of(plan.rank);
+        let node_size = home.map_or(1, |k| nodes.sizes[k]);
+        let sharers = match plan.algo {
+            Algo::TwoLevel | Algo::RecursiveDoubling | Algo::Pairwise => node_size,
+            Algo::Ring | Algo::Tree => 1,
+        };
+        let share = sharers.div_ceil(self.rails.max(1)).max(1) as f64;
+        RankView {
+            model: self,
+            nodes,
+            rank: plan.rank,
+            home,
+            net: LinkCost {
+                alpha: self.net.alpha,
+                beta: self.net.beta / share,
+            },
+            ds: dtype_size as f64,
+        }
+    }
+
+    /// Seconds one rank spends on `plan` if it never waited for anyone (its steps in sequence).
+    /// A lower bound of the call's time; [`CostModel::simulate`] adds the waiting.
+    pub fn price(&self, plan: &Plan, layout: &Layout, dtype_size: usize) -> f64 {
+        let nodes = NodeMap::new(layout);
+        let v = self.rank_view(plan, &nodes, dtype_size);
+        plan.steps.iter().map(|s| v.step(s)).sum()
+    }
+
+    /// Seconds the whole call takes: a timed run of every rank's plan with the execution model
+    /// of [`crate::check`] (a transfer starts when both its send and its receive are posted,
+    /// a step ends when its send has been delivered and its receive has arrived and been
+    /// combined; node steps start when the last member arrives). The critical path, so a ring
+    /// over a 1-element buffer pays its 2(n-1) hops even though each rank only moves data in a
+    /// few of them. Plans that stall (deadlock) cost infinity.
+    pub fn simulate(&self, plans: &[Plan], layout: &Layout, dtype_size: usize) -> f64 {
+        let n = plans.len();
+        let nodes = NodeMap::new(layout);
+        let views: Vec<RankView> = plans
+            .iter()
+            .map(|p| self.rank_view(p, &nodes, dtype_size))
+            .collect();
+        let mut t = vec![0.0f64; n];
+        let mut pc = vec![0usize; n];
+        let mut st = vec![TimedState::default(); n];
+        let mut queues: HashMap<(usize, usize, usize), VecDeque<TimedMsg>> = HashMap::new();
+        let mut seqs: HashMap<(usize, usize, usize), u64> = HashMap::new();
+        let mut delivered: HashMap<((usize, usize, usize), u64), f64> = HashMap::new();
+        let live = |x: &Option<Xfer>| x.filter(|x| x.region.len > 0);
+        loop {
+            let mut progress = false;
+            for r in 0..n {
+                while let Some(step) = plans[r].steps.get(pc[r]) {
+                    let mut moved = false;
+                    match step {
+                        Step::Copy { .. } => {
+                            t[r] += views[r].step(step);
+                            pc[r] += 1;
+                            moved = true;
+                        }
+                        Step::Exchange { send, recv, reduce } => {
+                            let (send, recv) = (live(send), live(recv));
+                            if !st[r].posted {
+                                st[r].posted = true;
+                                moved = true;
+                                if let Some(x) = send {
+                                    let key = (r, x.peer, x.chan);
+                                    let seq = seqs.entry(key).or_insert(0);
+                                    st[r].send = Some((key, *seq));
+                                    queues.entry(key).or_default().push_back(TimedMsg {
+                                        posted: t[r],
+                                        seq: *seq,
+                                        time: views[r].link(x.peer).time(views[r].bytes(&x)),
+                                    });
+                                    *seq += 1;
+                                }
+                            }
+                            if let (Some(x), None) = (recv, st[r].recv) {
+                                let key = (x.peer, r, x.chan);
+                                if let Some(m) = queues.get_mut(&key).and_then(|q| q.pop_front()) {
+                                    let done = m.posted.max(t[r]) + m.time;
+                                    delivered.insert((key, m.seq), done);
+                                    let combine = if *reduce {
+                                        views[r].bytes(&x) / self.reduce_bw
+                                    } else {
+                                        0.0
+                                    };
+                                    st[r].recv = Some(done + combine);
+                                    moved = true;
+                                }
+                            }
+                            let sent = match st[r].send {
+                                None => Some(t[r]),
+                                Some(k) => delivered.get(&k).copied(),
+                            };
+                            let got = if recv.is_some() {
+                                st[r].recv
+                            } else {
+                                Some(t[r])
+                            };
+                            if let (Some(a), Some(b)) = (sent, got) {
+                                if let Some(k) = st[r].send {
+                                    delivered.remove(&k);
+                                }
+                                t[r] = t[r].max(a).max(b);
+                                st[r] = TimedState::default();
+                                pc[r] += 1;
+                                moved = true;
+                            }
+                        }
+                        Step::NodeReduceScatter { group, .. }
+                        | Step::NodeAllGather { group, .. } => {
+                            let ready = group.iter().all(|&m| {
+                                m < n
+                                    && plans[m].steps.get(pc[m]).is_some_and(|s| {
+                                        matches!(
+                                            s,
+                                            Step::NodeReduceScatter { .. }
+                                                | Step::NodeAllGather { .. }
+                                        )
+                                    })
+                            });
+                            if ready {
+                                let start = group.iter().map(|&m| t[m]).fold(0.0, f64::max);
+                                let dur = group
+                                    .iter()
+                                    .map(|&m| views[m].step(&plans[m].steps[pc[m]]))
+                                    .fold(0.0, f64::max);
+                                for &m in group {
+                                    t[m] = start + dur;
+                                    pc[m] += 1;
+                                }
+                                moved = true;
+                            }
+                        }
+                    }
+                    if !moved {
+                        break;
+                    }
+                    progress = true;
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        if (0..n).any(|r| pc[r] < plans[r].steps.len()) {
+            return f64::INFINITY;
+        }
+        t.into_iter().fold(0.0, f64::max)
+    }
+
+    /// Seconds the call takes with `algo` ([`CostModel::simulate`] over every rank's plan; above
+    /// [`SIMULATE_MAX_RANKS`] ranks, the largest [`CostModel::price`] of a sample of ranks: the
+    /// first two in node-major order, the first and last of every node, and the root).
+    pub fn price_call(
+        &self,
+        kind: CollKind,
+        algo: Algo,
+        layout: &Layout,
+        count: usize,
+        dtype_size: usize,
+        root: usize,
+    ) -> Result<f64, crate::build::PlanError> {
+        let n = validate_layout(layout)?;
+        if n <= SIMULATE_MAX_RANKS {
+            let plans = (0..n)
+                .map(|r| build_plan(kind, algo, layout, r, count, root))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(self.simulate(&plans, layout, dtype_size));
+        }
+        let order: Vec<usize> = layout.nodes.iter().flatten().copied().collect();
+        let mut ranks = vec![order[0], order[1], root.min(n - 1)];
+        for node in &layout.nodes {
+            ranks.extend(node.first());
+            ranks.extend(node.last());
+        }
+        ranks.sort_unstable();
+        ranks.dedup();
+        let mut worst: f64 = 0.0;
+        for r in ranks {
+            let plan = build_plan(kind, algo, layout, r, count, root)?;
+            worst = worst.max(self.price(&plan, layout, dtype_size));
+        }
+        Ok(worst)
+    }
+
+    /// Picks the cheapest algorithm for the call, with the reason (every candidate's price).
+    /// Ties go to the earlier candidate of [`algorithms_for`]. Barrier is priced as an all-reduce
+    /// of `max(count, 1)` elements. send_recv has no plan: `Ring` is returned with a reason
+    /// saying so.
+    pub fn choose(
+        &self,
+        kind: CollKind,
+        layout: &Layout,
+        count: usize,
+        dtype_size: usize,
+        root: usize,
+    ) -> (Algo, String) {
+        let cands = algorithms_for(kind);
+        if cands.is_empty() {
+            return (
+                Algo::Ring,
+                format!("{kind} is point-to-point: no plan to choose"),
+            );
+        }
+        let fallback = if cands.contains(&Algo::Ring) {
+            Algo::Ring
+        } else {
+            cands[0]
+        };
+        let n = match validate_layout(layout) {
+            Ok(n) => n,
+            Err(e) => return (fallback, format!("{kind}: {e}; using {fallback}")),
+        };
+        let root = if root < n { root } else { 0 };
+        let mut best: Option<(Algo, f64)> = None;
+        let mut parts = Vec::new();
+        for &algo in cands {
+            match self.price_call(kind, algo, layout, count, dtype_size, root) {
+                Ok(t) => {
+                    parts.push(format!("{algo} {}", fmt_time(t)));
+                    if best.is_none() || best.is_some_and(|(_, b)| t < b) {
+                        best = Some((algo, t));
+                    }
+                }
+                Err(e) => parts.push(format!("{algo} n/a ({e})")),
+            }
+        }
+        let algo = best.map_or(fallback, |b| b.0);
+        let reason = format!(
+            "{kind} of {count} x {dtype_size} B on {n} ranks / {} nodes: {} -> {algo}",
+            layout.nodes.len(),
+            parts.join(", ")
+        );
+        (algo, reason)
+    }
+}
+
+/// Above this many ranks, [`CostModel::price_call`] prices a sample of ranks instead of
+/// simulating the whole call.
+pub const SIMULATE_MAX_RANKS: usize = 512;
+
+/// One rank's view of the links, for pricing its steps.
+/// Node index of every rank, computed once per pricing (`Layout::locate` is a linear search).
+struct NodeMap {
+    node: Vec<usize>,
+    sizes: Vec<usize>,
+}
+
+impl NodeMap {
+    fn new(layout: &Layout) -> NodeMap {
+        let n = layout.nodes.iter().flatten().max().map_or(0, |&m| m + 1);
+        let mut node = vec![usize::MAX; n];
+        for (k, members) in layout.nodes.iter().enumerate() {
+            for &r in members {
+                node[r] = k;
+            }
+        }
+        NodeMap {
+            node,
+            sizes: layout.nodes.iter().map(|m| m.len()).collect(),
+        }
+    }
+
+    fn node_of(&self, rank: usize) -> Option<usize> {
+        self.node.get(rank).copied().filter(|&k| k != usize::MAX)
+    }
+}
+
+struct RankView<'a> {
+    model: &'a CostModel,
+    nodes: &'a NodeMap,
+    rank: usize,
+    home: Option<usize>,
+    /// Network link with this rank's share of the rails.
+    net: LinkCost,
+    ds: f64,
+}
+
+impl RankView<'_> {
+    fn link(&self, peer: usize) -> LinkCost {
+        let same = self.home.is_some() && self.nodes.node_of(peer) == self.home;
+        if same {
+            self.model.local
+        } else {
+            self.net
+        }
+    }
+
+    fn bytes(&self, x: &Xfer) -> f64 {
+        x.region.len as f64 * self.ds
+    }
+
+    /// Seconds for one step, ignoring waiting for peers.
+    fn step(&self, step: &Step) -> f64 {
+        let m = self.model;
+        let live = |x: &Option<Xfer>| x.filter(|x| x.region.len > 0);
+        match step {
+            Step::Exchange { send, recv, reduce } => {
+                let ts = live(send).map_or(0.0, |x| self.link(x.peer).time(self.bytes(&x)));
+                let tr = live(recv).map_or(0.0, |x| {
+                    let b = self.bytes(&x);
+                    let combine = if *reduce { b / m.reduce_bw } else { 0.0 };
+                    self.link(x.peer).time(b) + combine
+                });
+                ts.max(tr)
+            }
+            Step::NodeReduceScatter { group, slices } => {
+                let others = group.len().saturating_sub(1) as f64;
+                let largest = slices.iter().map(|s| s.len).max().unwrap_or(0);
+                let b = others * largest as f64 * self.ds;
+                if b > 0.0 {
+                    node_sync(m, group.len()) + b / m.local.beta + b / m.reduce_bw
+                } else {
+                    0.0
+                }
+            }
+            Step::NodeAllGather { group, slices } => {
+                let mine = group.iter().position(|&g| g == self.rank);
+                let b: f64 = slices
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| Some(*i) != mine)
+                    .map(|(_, s)| s.len as f64 * self.ds)
+                    .sum();
+                if b > 0.0 {
+                    node_sync(m, group.len()) + b / m.local.beta
+                } else {
+                    0.0
+                }
+            }
+            Step::Copy { src, .. } => src.len as f64 * self.ds / m.local.beta,
+        }
+    }
+}
+
+/// Latency of an in-node collective over `members` ranks: a dissemination barrier's
+/// `ceil(log2 members)` shared-memory hops.
+fn node_sync(m: &CostModel, members: usize) -> f64 {
+    m.local.alpha * members.next_power_of_two().trailing_zeros() as f64
+}
+
+#[derive(Clone, Default)]
+struct TimedState {
+    posted: bool,
+    send: Option<((usize, usize, usize), u64)>,
+    /// When the receive has arrived and been combined.
+    recv: Option<f64>,
+}
+
+struct TimedMsg {
+    posted: f64,
+    seq: u64,
+    /// Transfer time on the sender's link.
+    time: f64,
+}
+
+fn fmt_time(t: f64) -> String {
+    if !t.is_finite() {
+        "stalls".to_string()
+    } else if t < 1e-3 {
+        format!("{:.1}us", t * 1e6)
+    } else if t < 1.0 {
+        format!("{:.3}ms", t * 1e3)
+    } else {
+        format!("{t:.3}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Region;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let mut m = CostModel::default();
+        assert_eq!(m, CostModel::default_cpu());
+        assert_eq!(m.local.alpha, 1e-6);
+        assert_eq!(m.net.beta, 1.2e9);
+        m.set("net_alpha", 5e-6).unwrap();
+        m.set("rails", 2.0).unwrap();
+        assert_eq!((m.net.alpha, m.rails), (5e-6, 2));
+        assert!(m.set("net_beta", 0.0).is_err());
+        assert!(m.set("local_alpha", f64::NAN).is_err());
+        assert!(m.set("bogus", 1.0).unwrap_err().contains("net_alpha"));
+    }
+
+    #[test]
+    fn prices_by_link_class() {
+        let m = CostModel::default_cpu();
+        let l = Layout::block(4, 2);
+        let ex = |peer| Plan {
+            kind: CollKind::AllReduce,
+            algo: Algo::Ring,
+            rank: 0,
+            steps: vec![Step::Exchange {
+                send: Some(Xfer {
+                    peer,
+                    region: Region::work(0, 1000),
+                    chan: 0,
+                }),
+                recv: None,
+                reduce: false,
+            }],
+        };
+        let local = m.price(&ex(1), &l, 4);
+        let net = m.price(&ex(2), &l, 4);
+        assert!((local - (1e-6 + 4000.0 / 5e9)).abs() < 1e-12);
+        assert!((net - (30e-6 + 4000.0 / 1.2e9)).abs() < 1e-12);
+        let empty = Plan {
+            steps: vec![],
+            ..ex(1)
+        };
+        assert_eq!(m.price(&empty, &l, 4), 0.0);
+    }
+
+    #[test]
+    fn small_all_reduce_is_latency_bound() {
+        let m = CostModel::default_cpu();
+        for l in [
+            Layout::block(16, 4),
+            Layout::single_node(8),
+            Layout::block(6, 4),
+        ] {
+            let (algo, why) = m.choose(CollKind::AllReduce, &l, 1, 4, 0);
+            assert_eq!(algo, Algo::RecursiveDoubling, "{why}");
+        }
+        let (algo, why) = m.choose(CollKind::Barrier, &Layout::block(16, 4), 0, 1, 0);
+        assert_eq!(algo, Algo::RecursiveDoubling, "{why}");
+    }
+
+    #[test]
+    fn large_all_reduce_is_bandwidth_bound() {
+        let m = CostModel::default_cpu();
+        let big = 16 << 20;
+        for l in [Layout::block(16, 4), Layout::single_node(8)] {
+            let (algo, why) = m.choose(CollKind::AllReduce, &l, big, 4, 0);
+            assert!(matches!(algo, Algo::TwoLevel | Algo::Ring), "{why}");
+            for name in ["two_level", "ring", "recursive_doubling", "tree"] {
+                assert!(why.contains(name), "{why}");
+            }
+        }
+        // With several rails the in-node rings use them all.
+        let mut m4 = m.clone();
+        m4.rails = 4;
+        let (algo, why) = m4.choose(CollKind::AllReduce, &Layout::block(16, 4), big, 4, 0);
+        assert_eq!(algo, Algo::TwoLevel, "{why}");
+        // Non-uniform: two_level is not a candidate.
+        let (algo, why) = m.choose(CollKind::AllReduce, &Layout::block(6, 4), big, 4, 0);
+        assert_eq!(algo, Algo::Ring, "{why}");
+        assert!(why.contains("two_level n/a"), "{why}");
+    }
+
+    #[test]
+    fn broadcast_choice() {
+        let m = CostModel::default_cpu();
+        let l = Layout::block(16, 4);
+        let (algo, why) = m.choose(CollKind::Broadcast, &l, 1, 4, 3);
+        assert_eq!(algo, Algo::Tree, "{why}");
+        let (algo, why) = m.choose(CollKind::Broadcast, &l, 16 << 20, 4, 3);
+        assert_eq!(algo, Algo::Ring, "{why}");
+    }
+
+    #[test]
+    fn other_kinds() {
+        let m = CostModel::default_cpu();
+        let l = Layout::block(8, 4);
+        assert_eq!(m.choose(CollKind::AllToAll, &l, 10, 4, 0).0, Algo::Pairwise);
+        assert_eq!(m.choose(CollKind::AllGather, &l, 10, 4, 0).0, Algo::Ring);
+        assert_eq!(
+            m.choose(CollKind::ReduceScatter, &l, 10, 4, 0).0,
+            Algo::Ring
+        );
+        assert_eq!(m.choose(CollKind::Reduce, &l, 10, 4, 7).0, Algo::Tree);
+        let (a, why) = m.choose(CollKind::SendRecv, &l, 10, 4, 0);
+        assert_eq!(a, Algo::Ring);
+        assert!(why.contains("point-to-point"));
+        let (a, why) = m.choose(CollKind::AllReduce, &Layout { nodes: vec![] }, 10, 4, 0);
+        assert_eq!(a, Algo::Ring);
+        assert!(why.contains("invalid layout"), "{why}");
+        // Large communicators price a sample of ranks.
+        for n in [256, 600] {
+            let l = Layout::block(n, 8);
+            let (a, why) = m.choose(CollKind::AllReduce, &l, 1 << 20, 4, 0);
+            assert!(matches!(a, Algo::TwoLevel | Algo::Ring), "{why}");
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Two-level all-reduce for layouts with the same number of ranks L on each of N nodes.
+//!
+//! Buffer convention: `Work` has `count` elements, in/out (all_reduce).
+//!
+//! 1. `NodeReduceScatter` over the node's ranks (in local-rank order) with slices
+//!    `split(count, L, i)`: local rank i then holds slice i reduced over its node.
+//! 2. Local rank i joins ring i (channel i) with local rank i of every other node (ring order =
+//!    node order) and runs a ring all-reduce on slice i, cut into N chunks
+//!    `split(slice_len, N, j)`: N-1 reduce-scatter steps then N-1 all-gather steps.
+//! 3. `NodeAllGather` with the same slices.
+//!
+//! With N == 1 it is just the in-node reduce-scatter + all-gather; with L == 1 just the ring.
+//! Every element is reduced once inside each node (in local-rank order), then along one ring
+//! chain, then copied, so all ranks end bit-identical. Non-uniform layouts are refused
+//! ([`PlanError::NonUniform`]); the chooser then falls back to the flat ring.
+
+use crate::build::{work, Ctx, PlanError};
+use crate::plan::{split, Algo, CollKind, Layout, Plan, Region, Step};
+use crate::ring::{ring_all_gather, ring_reduce_scatter};
+
+/// Two-level all-reduce of `count` elements.
+pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    let ctx = Ctx::new(layout, rank)?;
+    if !layout.uniform() {
+        return Err(PlanError::NonUniform {
+            algo: Algo::TwoLevel,
+            sizes: layout.nodes.iter().map(|n| n.len()).collect(),
+        });
+    }
+    let nn = layout.nodes.len();
+    let (node, local) = layout
+        .locate(rank)
+        .ok_or(PlanError::BadRank { rank, n: ctx.n })?;
+    let group = &layout.nodes[node];
+    let l = group.len();
+    let mut steps = Vec::new();
+    if count > 0 {
+        let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
+        if l > 1 {
+            steps.push(Step::NodeReduceScatter {
+                group: group.clone(),
+                slices: slices.clone(),
+            });
+        }
+        let ring: Vec<usize> = layout.nodes.iter().map(|n| n[local]).collect();
+        let mine = slices[local];
+        let chunk = |c: usize| {
+            let (off, len) = split(mine.len, nn, c);
+            Region::work(mine.offset + off, len)
+        };
+        ring_reduce_scatter(&mut steps, &ring, node, &chunk, local);
+        ring_all_gather(&mut steps, &ring, node, &chunk, local);
+        if l > 1 {
+            steps.push(Step::NodeAllGather {
+                group: group.clone(),
+                slices,
+            });
+        }
+    }
+    Ok(Plan {
+        kind: CollKind::AllReduce,
+        algo: Algo::TwoLevel,
+        rank,
+        steps,
+    })
+}
+
+/// Reduce-scatter on one node: the shared-memory fabric's reduce-scatter with every rank's block
+/// as its slice (`Work` has `count * n`; rank r's block ends reduced). Several nodes: unsupported
+/// (blocks owned by one local rank are not contiguous across nodes); the chooser takes the ring.
+pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    node_only(CollKind::ReduceScatter, layout, rank, count)
+}
+
+/// All-gather on one node: the fabric's all-gather with every rank's block as its slice.
+pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    node_only(CollKind::AllGather, layout, rank, count)
+}
+
+fn node_only(
+    kind: CollKind,
+    layout: &Layout,
+    rank: usize,
+    count: usize,
+) -> Result<Plan, PlanError> {
+    let ctx = Ctx::new(layout, rank)?;
+    if layout.nodes.len() != 1 {
+        return Err(PlanError::Unsupported {
+            kind,
+            algo: Algo::TwoLevel,
+        });
+    }
+    let group = layout.nodes[0].clone();
+    let mut steps = Vec::new();
+    if count > 0 && ctx.n > 1 {
+        // slices in group order; block of rank r is [r*count, (r+1)*count)
+        let slices: Vec<Region> = group
+            .iter()
+            .map(|&r| Region::work(r * count, count))
+            .collect();
+        steps.push(match kind {
+            CollKind::ReduceScatter => Step::NodeReduceScatter { group, slices },
+            _ => Step::NodeAllGather { group, slices },
+        });
+    }
+    Ok(Plan {
+        kind,
+        algo: Algo::TwoLevel,
+        rank,
+        steps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::testing::{plans, run_matrix};
+    use crate::check::{check, CheckError};
+
+    #[test]
+    fn single_node_reduce_scatter_and_all_gather() {
+        for n in 1..=16 {
+            let layout = Layout::single_node(n);
+            for count in [0, 1, 7, 1000] {
+                for kind in [CollKind::ReduceScatter, CollKind::AllGather] {
+                    let plans = plans(kind, Algo::TwoLevel, &layout, count, 0).unwrap();
+                    check(kind, &layout, count, 0, &plans)
+                        .unwrap_or_else(|e| panic!("{kind} n={n} count={count}: {e}"));
+                }
+            }
+        }
+        assert!(matches!(
+            reduce_scatter(&Layout::block(4, 2), 0, 3),
+            Err(PlanError::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn all_reduce_matrix() {
+        assert!(run_matrix(CollKind::AllReduce, Algo::TwoLevel, true) > 100);
+    }
+
+    #[test]
+    fn shape() {
+        // 2 nodes x 4 ranks: RS, 1 + 1 ring steps on channel = local rank, AG.
+        let l = Layout::block(8, 4);
+        let p = all_reduce(&l, 6, 800).unwrap();
+        assert_eq!(p.steps.len(), 4);
+        assert!(matches!(p.steps[0], Step::NodeReduceScatter { .. }));
+        match &p.steps[1] {
+            Step::Exchange {
+                send: Some(s),
+                recv: Some(r),
+                reduce: true,
+            } => {
+                assert_eq!((s.peer, r.peer, s.chan, r.chan), (2, 2, 2, 2));
+                assert_eq!(s.region.len + r.region.len, 200);
+            }
+            s => panic!("{s:?}"),
+        }
+        assert!(matches!(p.steps[3], Step::NodeAllGather { .. }));
+        // Single node: no ring steps. One rank per node: no node steps.
+        let p = all_reduce(&Layout::single_node(4), 1, 100).unwrap();
+        assert_eq!(p.steps.len(), 2);
+        let p = all_reduce(&Layout::block(4, 1), 1, 100).unwrap();
+        assert!(p.steps.iter().all(|s| matches!(s, Step::Exchange { .. })));
+        assert_eq!(p.steps.len(), 6);
+    }
+
+    #[test]
+    fn node_group_disagreement_is_caught() {
+        let l = Layout::block(8, 4);
+        let mut p = plans(CollKind::AllReduce, Algo::TwoLevel, &l, 100, 0).unwrap();
+        if let Step::NodeReduceScatter { slices, .. } = &mut p[5].steps[0] {
+            slices.swap(0, 1);
+        }
+        let e = check(CollKind::AllReduce, &l, 100, 0, &p).unwrap_err();
+        assert!(matches!(e, CheckError::NodeMismatch { .. }), "{e}");
+
+        let mut p = plans(CollKind::AllReduce, Algo::TwoLevel, &l, 100, 0).unwrap();
+        if let Step::NodeAllGather { group, .. } = &mut p[1].steps[3] {
+            group.swap(2, 3);
+        }
+        let e = check(CollKind::AllReduce, &l, 100, 0, &p).unwrap_err();
+        assert!(matches!(e, CheckError::NodeMismatch { .. }), "{e}");
+
+        // A node step over ranks of two nodes is refused statically.
+        let mut p = plans(CollKind::AllReduce, Algo::TwoLevel, &l, 100, 0).unwrap();
+        if let Step::NodeAllGather { group, .. } = &mut p[0].steps[3] {
+            group[3] = 4;
+        }
+        let e = check(CollKind::AllReduce, &l, 100, 0, &p).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CheckError::BadStep {
+                    rank: 0,
+                    step: 3,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn dropped_node_step_is_caught() {
+        let l = Layout::block(8, 4);
+        let mut p = plans(CollKind::AllReduce, Algo::TwoLevel, &l, 100, 0).unwrap();
+        p[2].steps.remove(0);
+        let e = check(CollKind::AllReduce, &l, 100, 0, &p).unwrap_err();
+        // Rank 2 reaches the all-gather while its node waits in the reduce-scatter.
+        assert!(matches!(e, CheckError::NodeMismatch { .. }), "{e}");
+        // Dropping it on the whole node leaves partial sums.
+        let mut p = plans(CollKind::AllReduce, Algo::TwoLevel, &l, 100, 0).unwrap();
+        for plan in p.iter_mut().take(4) {
+            plan.steps.remove(0);
+        }
+        let e = check(CollKind::AllReduce, &l, 100, 0, &p).unwrap_err();
+        assert!(matches!(e, CheckError::Wrong { .. }), "{e}");
+    }
+}
