@@ -1,1 +1,212 @@
-//! Topology model and loaders.
+//! Node topology and affinity: one model, three loaders, path classes,
+//! per-local-rank binding, and renderings (matrix, JSON, SVG).
+//!
+//! - [`Topology::discover`]: live sysfs, or the file named by
+//!   `RAILRING_TOPO_FILE` (format detected from its root element:
+//!   `<system` → NCCL topology, `<topology` → hwloc).
+//! - [`Topology::from_sysfs_root`], [`Topology::from_file`],
+//!   [`Topology::from_nccl_xml_str`], [`Topology::from_hwloc_xml_str`].
+//! - [`Topology::path_class`]: `X`, `NV#`, `PIX`, `PXB`, `PHB`, `NODE`,
+//!   `SYS` as `nvidia-smi topo -m` prints them (see [`PathClass`]).
+//! - [`Topology::bindings`]: GPU, NIC(s), CPUs and the reason for each
+//!   local rank (see the `binding` module docs for the tie-breaks);
+//!   [`apply_cpu_binding`] applies the CPU part.
+//!
+//! Inputs are bounded: files up to [`MAX_FILE_BYTES`], XML nesting up to
+//! [`MAX_XML_DEPTH`], at most 4096 GPUs/NICs and 65536 PCI nodes; nothing
+//! read from a file, sysfs or the environment can make this module panic.
+//! Errors name the file and line and what was expected.
+
+mod binding;
+mod hwloc_xml;
+mod model;
+mod nccl_xml;
+mod paths;
+pub mod render;
+mod sysfs;
+mod util;
+
+use std::path::Path;
+
+pub use binding::{
+    apply_cpu_binding, bind_local_rank, process_allowed_cpus, BindOptions, BindTo, Binding, GpuRef,
+    NicMap, NicRef, MAX_LOCAL_SIZE,
+};
+pub use model::{DeviceId, Gpu, Nic, NumaNode, PciKind, PciNode, Topology};
+pub use paths::PathClass;
+pub use util::{format_cpulist, parse_cpulist};
+
+/// Largest topology file accepted.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+/// Deepest XML element nesting followed.
+pub const MAX_XML_DEPTH: usize = 256;
+/// Most XML nodes roxmltree may build for one file.
+const MAX_XML_NODES: u32 = 2_000_000;
+
+/// Everything that can go wrong reading a topology or computing a binding.
+#[derive(Debug, thiserror::Error)]
+pub enum TopoError {
+    #[error("{file}: cannot read topology file: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: {size} bytes is over the {limit}-byte limit for topology files")]
+    TooLarge { file: String, size: u64, limit: u64 },
+    #[error("{file}: not UTF-8 text; expected an NCCL or hwloc topology XML file")]
+    NotText { file: String },
+    #[error("{file}:{line}:{col}: malformed XML: {msg}")]
+    Xml {
+        file: String,
+        line: u32,
+        col: u32,
+        msg: String,
+    },
+    #[error("{file}:{line}: expected {expected} as root element, found <{found}>")]
+    UnknownFormat {
+        file: String,
+        line: u32,
+        found: String,
+        expected: String,
+    },
+    #[error("{file}:{line}: {what}: expected {expected}, found {found:?}")]
+    Invalid {
+        file: String,
+        line: u32,
+        what: String,
+        expected: String,
+        found: String,
+    },
+    #[error("{file}:{line}: {msg}")]
+    Limit {
+        file: String,
+        line: u32,
+        msg: String,
+    },
+    #[error("sysfs {path}: {msg}")]
+    Sysfs { path: String, msg: String },
+    #[error("RAILRING_NIC_MAP {input:?}: {msg}; expected RANKS:NIC[+NIC...] entries separated by ';' or ','")]
+    NicMap { input: String, msg: String },
+    #[error("bind-to {found:?}: expected none, numa or core")]
+    BindTo { found: String },
+    #[error("{var}: {msg}")]
+    Env { var: String, msg: String },
+    #[error("local size {found} is out of range: expected at most {max}")]
+    LocalSize { found: usize, max: usize },
+    #[error("cannot set CPU affinity to {cpus}: {msg}")]
+    Affinity { cpus: String, msg: String },
+}
+
+/// 1-based line of an XML node.
+pub(crate) fn xml_line(doc: &roxmltree::Document, n: roxmltree::Node) -> u32 {
+    doc.text_pos_at(n.range().start).row
+}
+
+fn parse_xml<'a>(text: &'a str, name: &str) -> Result<roxmltree::Document<'a>, TopoError> {
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(TopoError::TooLarge {
+            file: name.to_string(),
+            size: text.len() as u64,
+            limit: MAX_FILE_BYTES,
+        });
+    }
+    let opts = roxmltree::ParsingOptions {
+        allow_dtd: true,
+        nodes_limit: MAX_XML_NODES,
+    };
+    roxmltree::Document::parse_with_options(text, opts).map_err(|e| {
+        let pos = e.pos();
+        TopoError::Xml {
+            file: name.to_string(),
+            line: pos.row,
+            col: pos.col,
+            msg: e.to_string(),
+        }
+    })
+}
+
+impl Topology {
+    /// This node's topology: the file named by `RAILRING_TOPO_FILE` when set
+    /// (non-empty), else live sysfs.
+    pub fn discover() -> Result<Topology, TopoError> {
+        let file = std::env::var_os("RAILRING_TOPO_FILE").filter(|v| !v.is_empty());
+        Topology::discover_from(file.as_deref().map(Path::new))
+    }
+
+    /// Like [`Topology::discover`] with the file given explicitly (`None`:
+    /// sysfs). NICs the file names only by bus id get their interface names
+    /// from the live sysfs when the same bus id exists here.
+    pub fn discover_from(topo_file: Option<&Path>) -> Result<Topology, TopoError> {
+        match topo_file {
+            Some(f) => {
+                let mut t = Topology::from_file(f)?;
+                sysfs::enrich_names(&mut t, Path::new("/"));
+                Ok(t)
+            }
+            None => Topology::from_sysfs_root(Path::new("/")),
+        }
+    }
+
+    /// Reads a sysfs tree under `root` (`/` for the live system; tests build
+    /// fake trees: `root/sys/devices/...`, `root/sys/bus/pci/devices/*`,
+    /// `root/sys/class/net/*`, `root/sys/class/infiniband/*`).
+    pub fn from_sysfs_root(root: &Path) -> Result<Topology, TopoError> {
+        sysfs::load(root)
+    }
+
+    /// Reads an NCCL or hwloc XML file (detected from the root element).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Topology, TopoError> {
+        use std::io::Read;
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let f = std::fs::File::open(path).map_err(|e| TopoError::Io {
+            file: name.clone(),
+            source: e,
+        })?;
+        let mut buf = Vec::new();
+        f.take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| TopoError::Io {
+                file: name.clone(),
+                source: e,
+            })?;
+        if buf.len() as u64 > MAX_FILE_BYTES {
+            return Err(TopoError::TooLarge {
+                file: name,
+                size: buf.len() as u64,
+                limit: MAX_FILE_BYTES,
+            });
+        }
+        let text = String::from_utf8(buf).map_err(|_| TopoError::NotText { file: name.clone() })?;
+        Topology::from_xml_str(&text, &name)
+    }
+
+    /// Parses NCCL (`<system>`) or hwloc (`<topology>`) XML; `name` is used
+    /// in errors.
+    pub fn from_xml_str(text: &str, name: &str) -> Result<Topology, TopoError> {
+        let doc = parse_xml(text, name)?;
+        match doc.root_element().tag_name().name() {
+            "system" => nccl_xml::load(&doc, name),
+            "topology" => hwloc_xml::load(&doc, name),
+            other => Err(TopoError::UnknownFormat {
+                file: name.to_string(),
+                line: xml_line(&doc, doc.root_element()),
+                found: other.chars().take(40).collect(),
+                expected: "<system> (NCCL topology) or <topology> (hwloc)".into(),
+            }),
+        }
+    }
+
+    /// Parses an NCCL topology file (`NCCL_TOPO_FILE` format).
+    pub fn from_nccl_xml_str(text: &str, name: &str) -> Result<Topology, TopoError> {
+        let doc = parse_xml(text, name)?;
+        nccl_xml::load(&doc, name)
+    }
+
+    /// Parses an hwloc XML export (format 1.x, 2.0 or 3.0).
+    pub fn from_hwloc_xml_str(text: &str, name: &str) -> Result<Topology, TopoError> {
+        let doc = parse_xml(text, name)?;
+        hwloc_xml::load(&doc, name)
+    }
+}

@@ -1,0 +1,871 @@
+//! Per-local-rank binding: GPU, NIC(s), CPUs, and the reason for each.
+//!
+//! # How a binding is chosen
+//!
+//! 1. **GPU.** Local rank `r` gets visible GPU `r mod n`. Visible GPUs are
+//!    all GPUs in PCI bus order, or the ones `CUDA_VISIBLE_DEVICES` lists
+//!    (indices in that order or `GPU-<uuid>` prefixes; as in CUDA, the list
+//!    ends at the first entry that is not a valid, unused device).
+//!    `GpuRef::cuda_ordinal` is the device number the rank passes to CUDA.
+//! 2. **NIC.** Candidates are the PCI NICs; only when the node has none are
+//!    virtual NICs (veth, no PCI device) used, as host-attached (PHB). For
+//!    each rank, the candidates are ranked by path class from its GPU (from
+//!    its NUMA node when it has no GPU), then by bandwidth (the lower of port
+//!    speed and PCIe link). The NICs sharing the best class *and* the best
+//!    bandwidth form the rank's *nearest tier*. Ranks with fewer tier NICs
+//!    choose first (then by local rank); each takes the tier NIC serving
+//!    the fewest ranks so far, the lowest NIC index on a tie. So no NIC
+//!    serves two ranks while another NIC of their tier is idle, and on a
+//!    rail-aligned box (8 GPUs, 8 NICs, pairs under one switch) GPU i gets
+//!    NIC i. Tier NICs nobody got are then added as extra rails (`nics[1..]`)
+//!    to the rank whose tier holds them (fewest NICs first). `nics[0]` is
+//!    the primary rail.
+//! 3. **CPUs.** The CPUs of the GPU's NUMA node (of the rank's NUMA node
+//!    when there is no GPU: ranks go round-robin over the NUMA nodes that
+//!    have CPUs this process may use), intersected with the allowed CPUs
+//!    (`sched_getaffinity`, i.e. cgroup/cpuset). With `--bind-to core`, the
+//!    ranks sharing a NUMA node split its cores into disjoint contiguous
+//!    chunks (hyper-threads stay with their core). With `--bind-to none`
+//!    the list is empty: affinity is left as it is.
+//!
+//! `RAILRING_NIC_MAP` (see [`NicMap`]) replaces step 2 for the ranks it
+//! names; their NICs count as taken for the others.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use super::model::{DeviceId, Topology};
+use super::paths::PathClass;
+use super::util::{format_cpulist, intersect};
+use super::TopoError;
+
+/// Most local ranks a binding is computed for.
+pub const MAX_LOCAL_SIZE: usize = 4096;
+/// Longest environment value accepted (`RAILRING_NIC_MAP`, `CUDA_VISIBLE_DEVICES`).
+const MAX_ENV_LEN: usize = 64 * 1024;
+
+/// `--bind-to` / `RAILRING_BIND_TO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BindTo {
+    /// Leave CPU affinity alone.
+    None,
+    /// All allowed CPUs of the NUMA node (default).
+    #[default]
+    Numa,
+    /// A disjoint share of the NUMA node's cores.
+    Core,
+}
+
+impl FromStr for BindTo {
+    type Err = TopoError;
+    fn from_str(s: &str) -> Result<Self, TopoError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(BindTo::None),
+            "numa" => Ok(BindTo::Numa),
+            "core" => Ok(BindTo::Core),
+            _ => Err(TopoError::BindTo {
+                found: s.chars().take(40).collect(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for BindTo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BindTo::None => "none",
+            BindTo::Numa => "numa",
+            BindTo::Core => "core",
+        })
+    }
+}
+
+/// An explicit local-rank → NIC list (`RAILRING_NIC_MAP`).
+///
+/// Grammar:
+///
+/// ```text
+/// map   := entry ( ( ';' | ',' ) entry )*
+/// entry := ranks ':' nic ( '+' nic )*
+/// ranks := '*' | N | N '-' M          (local ranks, inclusive range)
+/// nic   := a NIC name, interface name, RDMA name or PCI bus id
+/// ```
+///
+/// Examples: `0:mlx5_0,1:mlx5_1`; `0-3:mlx5_0;4-7:mlx5_1`;
+/// `0:mlx5_0+mlx5_1;*:eth0` (`*` covers ranks no other entry names).
+/// The entry is split at its first `:`, so bus ids work as NIC names
+/// (`0:0000:10:1b.0`). Whitespace around items is ignored; empty entries are
+/// skipped; a rank named twice is an error. Ranks the map does not cover
+/// are bound automatically.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct NicMap {
+    pub ranks: BTreeMap<usize, Vec<String>>,
+    pub default: Option<Vec<String>>,
+}
+
+impl NicMap {
+    /// Parses the grammar above.
+    pub fn parse(s: &str) -> Result<NicMap, TopoError> {
+        let err = |msg: String| TopoError::NicMap {
+            input: s.chars().take(200).collect(),
+            msg,
+        };
+        if s.len() > MAX_ENV_LEN {
+            return Err(err(format!("longer than {MAX_ENV_LEN} bytes")));
+        }
+        let mut map = NicMap::default();
+        for entry in s.split([';', ',']) {
+            let entry = entry.trim();
+            if entry.is_empty() {
+                continue;
+            }
+            let (ranks, nics) = entry
+                .split_once(':')
+                .ok_or_else(|| err(format!("entry {entry:?}: expected RANKS:NIC[+NIC...]")))?;
+            let nics: Vec<String> = nics.split('+').map(|n| n.trim().to_string()).collect();
+            if nics.iter().any(String::is_empty) {
+                return Err(err(format!("entry {entry:?}: empty NIC name")));
+            }
+            let ranks = ranks.trim();
+            if ranks == "*" {
+                if map.default.is_some() {
+                    return Err(err("'*' given twice".into()));
+                }
+                map.default = Some(nics);
+                continue;
+            }
+            let num = |t: &str| -> Result<usize, TopoError> {
+                t.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|v| *v < MAX_LOCAL_SIZE)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "entry {entry:?}: {t:?} is not a local rank (0-{})",
+                            MAX_LOCAL_SIZE - 1
+                        ))
+                    })
+            };
+            let (lo, hi) = match ranks.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None => (num(ranks)?, num(ranks)?),
+            };
+            if lo > hi {
+                return Err(err(format!("entry {entry:?}: range {lo}-{hi} is reversed")));
+            }
+            for r in lo..=hi {
+                if map.ranks.insert(r, nics.clone()).is_some() {
+                    return Err(err(format!("local rank {r} is named twice")));
+                }
+            }
+        }
+        Ok(map)
+    }
+
+    /// The NICs named for `local_rank`, if any.
+    pub fn nics_for(&self, local_rank: usize) -> Option<&[String]> {
+        self.ranks
+            .get(&local_rank)
+            .or(self.default.as_ref())
+            .map(Vec::as_slice)
+    }
+}
+
+impl FromStr for NicMap {
+    type Err = TopoError;
+    fn from_str(s: &str) -> Result<Self, TopoError> {
+        NicMap::parse(s)
+    }
+}
+
+/// Inputs to [`Topology::bindings`] besides the topology.
+#[derive(Debug, Clone, Default)]
+pub struct BindOptions {
+    pub bind_to: BindTo,
+    pub nic_map: Option<NicMap>,
+    /// `CUDA_VISIBLE_DEVICES` as set for the job (`None`: all GPUs).
+    pub cuda_visible_devices: Option<String>,
+    /// CPUs the process may use (`None`: all CPUs of the topology).
+    pub allowed_cpus: Option<Vec<usize>>,
+}
+
+impl BindOptions {
+    /// From the environment: `RAILRING_BIND_TO` (the launcher exports
+    /// `--bind-to` as this), `RAILRING_NIC_MAP`, `CUDA_VISIBLE_DEVICES`, and
+    /// the allowed CPUs from `sched_getaffinity`.
+    pub fn from_env() -> Result<BindOptions, TopoError> {
+        let get = |k: &str| -> Result<Option<String>, TopoError> {
+            match std::env::var_os(k) {
+                None => Ok(None),
+                Some(v) => match v.into_string() {
+                    Ok(s) if s.len() <= MAX_ENV_LEN => Ok(Some(s)),
+                    _ => Err(TopoError::Env {
+                        var: k.to_string(),
+                        msg: format!("not UTF-8 or longer than {MAX_ENV_LEN} bytes"),
+                    }),
+                },
+            }
+        };
+        BindOptions::from_values(
+            get("RAILRING_BIND_TO")?.as_deref(),
+            get("RAILRING_NIC_MAP")?.as_deref(),
+            get("CUDA_VISIBLE_DEVICES")?.as_deref(),
+            process_allowed_cpus().ok(),
+        )
+    }
+
+    /// From explicit values (empty strings count as unset for the bind
+    /// mode and the NIC map; an empty `CUDA_VISIBLE_DEVICES` hides all GPUs).
+    pub fn from_values(
+        bind_to: Option<&str>,
+        nic_map: Option<&str>,
+        cuda_visible_devices: Option<&str>,
+        allowed_cpus: Option<Vec<usize>>,
+    ) -> Result<BindOptions, TopoError> {
+        let bind_to = match bind_to.map(str::trim).filter(|s| !s.is_empty()) {
+            Some(s) => s.parse()?,
+            None => BindTo::default(),
+        };
+        let nic_map = match nic_map.map(str::trim).filter(|s| !s.is_empty()) {
+            Some(s) => Some(NicMap::parse(s)?),
+            None => None,
+        };
+        Ok(BindOptions {
+            bind_to,
+            nic_map,
+            cuda_visible_devices: cuda_visible_devices
+                .map(|s| s.chars().take(MAX_ENV_LEN).collect()),
+            allowed_cpus: allowed_cpus.map(|mut v| {
+                v.sort_unstable();
+                v.dedup();
+                v
+            }),
+        })
+    }
+}
+
+/// The GPU of a binding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuRef {
+    /// Index in [`Topology::gpus`] (PCI bus order, as `nvidia-smi`).
+    pub index: usize,
+    /// The CUDA device number inside the process (position in
+    /// `CUDA_VISIBLE_DEVICES`; equal to `index` when it is unset).
+    pub cuda_ordinal: usize,
+    pub busid: Option<String>,
+}
+
+/// A NIC of a binding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NicRef {
+    /// Index in [`Topology::nics`] (`NIC<index>` in the matrix legend).
+    pub index: usize,
+    pub name: String,
+    /// The interface name for the TCP transport (first interface of the
+    /// NIC, else its name).
+    pub netdev: String,
+    /// Path class from the rank's GPU (from its NUMA node without GPU).
+    pub path_class: PathClass,
+    /// Bandwidth used for tie-breaking, Mbit/s, when known.
+    pub speed_mbps: Option<u64>,
+}
+
+/// Where one local rank runs, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Binding {
+    pub local_rank: usize,
+    pub gpu: Option<GpuRef>,
+    /// Primary rail first; empty when the node has no NIC.
+    pub nics: Vec<NicRef>,
+    /// CPUs to bind to, sorted; empty means "leave affinity unchanged"
+    /// (`--bind-to none`, or nothing known about CPUs).
+    pub cpus: Vec<usize>,
+    pub numa: Option<usize>,
+    pub reason: String,
+}
+
+struct Plan {
+    gpu: Option<(usize, usize)>, // (index, cuda ordinal)
+    numa: Option<usize>,
+    src: Option<DeviceId>,
+    /// (nic, class, bandwidth) for every candidate, best first.
+    ranked: Vec<(usize, PathClass, u64)>,
+    tier: Vec<usize>,
+    nics: Vec<usize>,
+    cpus: Vec<usize>,
+    mapped: bool,
+    why_gpu: String,
+    why_nic: String,
+    why_cpu: String,
+}
+
+impl Topology {
+    /// The GPUs `CUDA_VISIBLE_DEVICES` makes visible, in CUDA order, and a
+    /// note on what was dropped.
+    pub fn visible_gpus(&self, cuda_visible_devices: Option<&str>) -> (Vec<usize>, String) {
+        let Some(s) = cuda_visible_devices else {
+            return ((0..self.gpus.len()).collect(), String::new());
+        };
+        let mut out: Vec<usize> = Vec::new();
+        let mut note = String::new();
+        for tok in s.split(',') {
+            let tok = tok.trim();
+            let found = if let Ok(i) = tok.parse::<usize>() {
+                (i < self.gpus.len()).then_some(i)
+            } else if tok.len() > 4 && tok.starts_with("GPU-") {
+                let hits: Vec<usize> = self
+                    .gpus
+                    .iter()
+                    .filter(|g| g.uuid.as_deref().is_some_and(|u| u.starts_with(tok)))
+                    .map(|g| g.index)
+                    .collect();
+                (hits.len() == 1).then(|| hits[0])
+            } else {
+                None
+            };
+            match found {
+                Some(i) if !out.contains(&i) => out.push(i),
+                _ => {
+                    if !(tok.is_empty() && out.is_empty() && s.trim().is_empty()) {
+                        note = format!(
+                            " (entry {:?} is not a usable GPU: the list ends there)",
+                            tok.chars().take(40).collect::<String>()
+                        );
+                    }
+                    break;
+                }
+            }
+            if out.len() >= self.gpus.len() {
+                break;
+            }
+        }
+        (out, note)
+    }
+
+    /// Computes the binding of each of `local_size` local ranks.
+    pub fn bindings(
+        &self,
+        local_size: usize,
+        opts: &BindOptions,
+    ) -> Result<Vec<Binding>, TopoError> {
+        if local_size > MAX_LOCAL_SIZE {
+            return Err(TopoError::LocalSize {
+                found: local_size,
+                max: MAX_LOCAL_SIZE,
+            });
+        }
+        let all = self.all_cpus();
+        let allowed: Vec<usize> = match &opts.allowed_cpus {
+            Some(a) => {
+                let mut a = a.clone();
+                a.sort_unstable();
+                a.dedup();
+                a
+            }
+            None => all.clone(),
+        };
+        let (visible, cvd_note) = self.visible_gpus(opts.cuda_visible_devices.as_deref());
+        let usable_numa: Vec<usize> = {
+            let with_cpus: Vec<usize> = self
+                .numa_nodes
+                .iter()
+                .filter(|n| !intersect(&n.cpus, &allowed).is_empty())
+                .map(|n| n.id)
+                .collect();
+            if with_cpus.is_empty() {
+                self.numa_nodes.iter().map(|n| n.id).collect()
+            } else {
+                with_cpus
+            }
+        };
+
+        // 1. GPU and NUMA node.
+        let mut plans: Vec<Plan> = (0..local_size)
+            .map(|r| {
+                let mut p = Plan {
+                    gpu: None,
+                    numa: None,
+                    src: None,
+                    ranked: Vec::new(),
+                    tier: Vec::new(),
+                    nics: Vec::new(),
+                    cpus: Vec::new(),
+                    mapped: false,
+                    why_gpu: String::new(),
+                    why_nic: String::new(),
+                    why_cpu: String::new(),
+                };
+                if !visible.is_empty() {
+                    let ord = r % visible.len();
+                    let g = visible[ord];
+                    p.gpu = Some((g, ord));
+                    p.numa = self.gpus[g].numa;
+                    p.src = Some(DeviceId::Gpu(g));
+                    let src = match &opts.cuda_visible_devices {
+                        Some(c) => format!("CUDA_VISIBLE_DEVICES={c:?}{cvd_note}"),
+                        None => "all GPUs in PCI bus order".to_string(),
+                    };
+                    p.why_gpu = format!(
+                        "GPU{g} ({}): local rank {r} takes visible GPU {ord} of {} ({src})",
+                        self.gpus[g].busid.as_deref().unwrap_or("no bus id"),
+                        visible.len()
+                    );
+                } else if !usable_numa.is_empty() {
+                    let n = usable_numa[r % usable_numa.len()];
+                    p.numa = Some(n);
+                    p.src = Some(DeviceId::Numa(n));
+                    let why = if self.gpus.is_empty() {
+                        "no GPU".to_string()
+                    } else {
+                        format!(
+                            "no visible GPU (CUDA_VISIBLE_DEVICES={:?}{cvd_note})",
+                            opts.cuda_visible_devices.as_deref().unwrap_or("")
+                        )
+                    };
+                    p.why_gpu = format!(
+                        "{why}: NUMA node {n} by round-robin over {} NUMA node(s)",
+                        usable_numa.len()
+                    );
+                } else {
+                    p.why_gpu = "no GPU and no NUMA information".to_string();
+                }
+                p
+            })
+            .collect();
+
+        // 2. NICs.
+        self.choose_nics(&mut plans, opts)?;
+
+        // 3. CPUs.
+        self.choose_cpus(
+            &mut plans,
+            opts.bind_to,
+            &allowed,
+            opts.allowed_cpus.is_some(),
+        );
+
+        Ok(plans
+            .into_iter()
+            .enumerate()
+            .map(|(r, p)| {
+                let nics = p
+                    .nics
+                    .iter()
+                    .map(|&n| {
+                        let nic = &self.nics[n];
+                        let bw = nic.bandwidth_mbps(self);
+                        NicRef {
+                            index: n,
+                            name: nic.name.clone(),
+                            netdev: nic.netdev().to_string(),
+                            path_class: self.class_from(p.src, n),
+                            speed_mbps: (bw > 0).then_some(bw),
+                        }
+                    })
+                    .collect();
+                Binding {
+                    local_rank: r,
+                    gpu: p.gpu.map(|(g, ord)| GpuRef {
+                        index: g,
+                        cuda_ordinal: ord,
+                        busid: self.gpus[g].busid.clone(),
+                    }),
+                    nics,
+                    cpus: p.cpus,
+                    numa: p.numa,
+                    reason: format!("{}; {}; {}", p.why_gpu, p.why_nic, p.why_cpu),
+                }
+            })
+            .collect())
+    }
+
+    fn class_from(&self, src: Option<DeviceId>, nic: usize) -> PathClass {
+        match src {
+            Some(s) => self.path_class(s, DeviceId::Nic(nic)),
+            None => PathClass::Phb,
+        }
+    }
+
+    fn choose_nics(&self, plans: &mut [Plan], opts: &BindOptions) -> Result<(), TopoError> {
+        let physical: Vec<usize> = self
+            .nics
+            .iter()
+            .filter(|n| !n.is_virtual)
+            .map(|n| n.index)
+            .collect();
+        let only_virtual = physical.is_empty();
+        let pool: Vec<usize> = if only_virtual {
+            self.nics.iter().map(|n| n.index).collect()
+        } else {
+            physical
+        };
+        let mut load = vec![0usize; self.nics.len()];
+        let mut users: Vec<Vec<usize>> = vec![Vec::new(); self.nics.len()];
+
+        // Explicit map first.
+        if let Some(map) = &opts.nic_map {
+            for (r, p) in plans.iter_mut().enumerate() {
+                let Some(names) = map.nics_for(r) else {
+                    continue;
+                };
+                let mut chosen = Vec::new();
+                for name in names {
+                    let nic = self.nic_by_name(name).ok_or_else(|| TopoError::NicMap {
+                        input: name.clone(),
+                        msg: format!(
+                            "local rank {r}: no NIC named {name:?} (known: {})",
+                            self.nics
+                                .iter()
+                                .map(|n| n.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    })?;
+                    if !chosen.contains(&nic.index) {
+                        chosen.push(nic.index);
+                    }
+                }
+                for &n in &chosen {
+                    load[n] += 1;
+                    users[n].push(r);
+                }
+                p.why_nic = format!(
+                    "NIC from RAILRING_NIC_MAP: {}",
+                    chosen
+                        .iter()
+                        .map(|&n| format!("{} ({})", self.nics[n].name, self.class_from(p.src, n)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                p.nics = chosen;
+                p.mapped = true;
+            }
+        }
+        if pool.is_empty() {
+            for p in plans.iter_mut().filter(|p| !p.mapped) {
+                p.why_nic = "no NIC found".to_string();
+            }
+            return Ok(());
+        }
+
+        // Rank the candidates and find each rank's nearest tier.
+        for p in plans.iter_mut().filter(|p| !p.mapped) {
+            let mut ranked: Vec<(usize, PathClass, u64)> = pool
+                .iter()
+                .map(|&n| {
+                    (
+                        n,
+                        self.class_from(p.src, n),
+                        self.nics[n].bandwidth_mbps(self),
+                    )
+                })
+                .collect();
+            ranked.sort_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
+            let (c0, b0) = (ranked[0].1, ranked[0].2);
+            p.tier = ranked
+                .iter()
+                .filter(|x| x.1 == c0 && x.2 == b0)
+                .map(|x| x.0)
+                .collect();
+            p.ranked = ranked;
+        }
+        let mut order: Vec<usize> = (0..plans.len()).filter(|&r| !plans[r].mapped).collect();
+        order.sort_by_key(|&r| (plans[r].tier.len(), r));
+        for r in order {
+            let p = &mut plans[r];
+            let pick = p
+                .tier
+                .iter()
+                .copied()
+                .min_by_key(|&n| (load[n], n))
+                .unwrap_or(p.ranked[0].0);
+            let name = |n: usize| self.nics[n].name.clone();
+            let (c0, b0) = (p.ranked[0].1, p.ranked[0].2);
+            let same_class: Vec<&(usize, PathClass, u64)> =
+                p.ranked.iter().filter(|x| x.1 == c0).collect();
+            let mut why = if only_virtual {
+                "no PCI NIC: virtual NICs count as host-attached (PHB); ".to_string()
+            } else {
+                String::new()
+            };
+            let bw = |b: u64| {
+                if b > 0 {
+                    format!("{b} Mb/s")
+                } else {
+                    "unknown bandwidth".to_string()
+                }
+            };
+            let from = match p.src {
+                Some(DeviceId::Gpu(g)) => format!("GPU{g}"),
+                Some(DeviceId::Numa(n)) => format!("NUMA node {n}"),
+                _ => "the host".to_string(),
+            };
+            if pool.len() == 1 {
+                why.push_str(&format!(
+                    "NIC {} ({c0} from {from}): the only NIC",
+                    name(pick)
+                ));
+            } else if p.tier.len() == 1 {
+                if same_class.len() == 1 {
+                    let next = p
+                        .ranked
+                        .get(1)
+                        .map(|x| format!("; next best is {} at {}", name(x.0), x.1))
+                        .unwrap_or_default();
+                    why.push_str(&format!(
+                        "NIC {} ({c0} from {from}): the only NIC at the best path class{next}",
+                        name(pick)
+                    ));
+                } else {
+                    let others: Vec<String> = same_class
+                        .iter()
+                        .skip(1)
+                        .map(|x| format!("{} {}", name(x.0), bw(x.2)))
+                        .collect();
+                    why.push_str(&format!(
+                        "NIC {} ({c0} from {from}): {} NICs at {c0}, bandwidth decided: {} over {}",
+                        name(pick),
+                        same_class.len(),
+                        bw(b0),
+                        others.join(", ")
+                    ));
+                }
+            } else {
+                let tier_names: Vec<String> = p.tier.iter().map(|&n| name(n)).collect();
+                why.push_str(&format!(
+                    "NIC {} ({c0} from {from}): {} NICs tie at {c0} and {} ({}); took the one serving the fewest local ranks, lowest index first (rail alignment)",
+                    name(pick),
+                    p.tier.len(),
+                    bw(b0),
+                    tier_names.join(", ")
+                ));
+            }
+            if load[pick] > 0 {
+                let with: Vec<String> = users[pick].iter().map(|u| u.to_string()).collect();
+                if p.tier.len() == 1 {
+                    why.push_str(&format!("; shared with local rank(s) {}", with.join(", ")));
+                } else {
+                    why.push_str(&format!(
+                        "; every NIC of that tier already serves a local rank, so it is shared with local rank(s) {}",
+                        with.join(", ")
+                    ));
+                }
+            }
+            load[pick] += 1;
+            users[pick].push(r);
+            p.nics = vec![pick];
+            p.why_nic = why;
+        }
+
+        // Idle tier NICs become extra rails.
+        for n in pool {
+            if load[n] > 0 {
+                continue;
+            }
+            let taker = (0..plans.len())
+                .filter(|&r| !plans[r].mapped && plans[r].tier.contains(&n))
+                .min_by_key(|&r| (plans[r].nics.len(), r));
+            if let Some(r) = taker {
+                load[n] += 1;
+                plans[r].nics.push(n);
+                let nm = self.nics[n].name.clone();
+                plans[r].why_nic.push_str(&format!(
+                    "; also {nm}: same tier and no other local rank uses it"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn choose_cpus(
+        &self,
+        plans: &mut [Plan],
+        bind_to: BindTo,
+        allowed: &[usize],
+        restricted: bool,
+    ) {
+        let allowed_word = if restricted {
+            "allowed CPUs (sched_getaffinity)"
+        } else {
+            "all CPUs"
+        };
+        // Base set per rank: NUMA CPUs ∩ allowed.
+        let mut bases: Vec<Vec<usize>> = Vec::with_capacity(plans.len());
+        for p in plans.iter_mut() {
+            let (base, why) = match p.numa.and_then(|n| self.numa_node(n)) {
+                Some(node) if !node.cpus.is_empty() => {
+                    let i = intersect(&node.cpus, allowed);
+                    if i.is_empty() {
+                        (
+                            allowed.to_vec(),
+                            format!(
+                                "NUMA node {} has none of the {allowed_word}, so all of those",
+                                node.id
+                            ),
+                        )
+                    } else {
+                        (i, format!("NUMA node {} ∩ {allowed_word}", node.id))
+                    }
+                }
+                Some(node) => (
+                    allowed.to_vec(),
+                    format!("CPUs of NUMA node {} unknown: {allowed_word}", node.id),
+                ),
+                None => (
+                    allowed.to_vec(),
+                    format!("NUMA node unknown: {allowed_word}"),
+                ),
+            };
+            p.why_cpu = why;
+            bases.push(base);
+        }
+        match bind_to {
+            BindTo::None => {
+                for p in plans.iter_mut() {
+                    p.why_cpu = "bind-to none: CPU affinity left unchanged".to_string();
+                }
+                store_cpus(plans, vec![Vec::new(); bases.len()]);
+            }
+            BindTo::Numa => {
+                for p in plans.iter_mut() {
+                    p.why_cpu = format!("CPUs: {} (bind-to numa)", p.why_cpu);
+                }
+                store_cpus(plans, bases);
+            }
+            BindTo::Core => {
+                let mut out = vec![Vec::new(); bases.len()];
+                let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+                for (r, b) in bases.iter().enumerate() {
+                    groups.entry(b.clone()).or_default().push(r);
+                }
+                for (base, ranks) in groups {
+                    let cores = self.cores_within(&base);
+                    let k = ranks.len();
+                    for (j, &r) in ranks.iter().enumerate() {
+                        let (set, why) = if cores.is_empty() {
+                            (Vec::new(), "no CPU known".to_string())
+                        } else if cores.len() >= k {
+                            let (s, e) = (j * cores.len() / k, (j + 1) * cores.len() / k);
+                            (
+                                cores[s..e].concat(),
+                                format!(
+                                    "cores {}..{} of {} (split over {k} local rank(s))",
+                                    s,
+                                    e - 1,
+                                    cores.len()
+                                ),
+                            )
+                        } else {
+                            let c = j % cores.len();
+                            (
+                                cores[c].clone(),
+                                format!(
+                                    "core {c} of {}, shared: more local ranks ({k}) than cores",
+                                    cores.len()
+                                ),
+                            )
+                        };
+                        let mut set = set;
+                        set.sort_unstable();
+                        plans[r].why_cpu =
+                            format!("CPUs: {} of {} (bind-to core)", why, plans[r].why_cpu);
+                        out[r] = set;
+                    }
+                }
+                store_cpus(plans, out);
+            }
+        }
+    }
+
+    /// The cores (hyper-thread groups) inside `set`, in CPU order; CPUs no
+    /// known core covers count as a core each.
+    fn cores_within(&self, set: &[usize]) -> Vec<Vec<usize>> {
+        let mut covered: Vec<usize> = Vec::new();
+        let mut cores: Vec<Vec<usize>> = Vec::new();
+        for c in &self.cores {
+            let i = intersect(c, set);
+            if !i.is_empty() && !i.iter().any(|x| covered.contains(x)) {
+                covered.extend(&i);
+                cores.push(i);
+            }
+        }
+        covered.sort_unstable();
+        for &c in set {
+            if covered.binary_search(&c).is_err() {
+                cores.push(vec![c]);
+            }
+        }
+        cores.sort_by_key(|c| c.first().copied());
+        cores
+    }
+}
+
+fn store_cpus(plans: &mut [Plan], sets: Vec<Vec<usize>>) {
+    for (p, s) in plans.iter_mut().zip(sets) {
+        if !s.is_empty() {
+            p.why_cpu = format!("{} = {}", p.why_cpu, format_cpulist(&s));
+        }
+        p.cpus = s;
+    }
+}
+
+/// CPUs this process may run on (`sched_getaffinity`).
+pub fn process_allowed_cpus() -> Result<Vec<usize>, TopoError> {
+    use nix::sched::{sched_getaffinity, CpuSet};
+    use nix::unistd::Pid;
+    let set = sched_getaffinity(Pid::from_raw(0)).map_err(|e| TopoError::Affinity {
+        cpus: "(query)".into(),
+        msg: e.to_string(),
+    })?;
+    Ok((0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect())
+}
+
+/// Binds the calling thread (and the threads it starts later) to `cpus`.
+/// An empty list leaves affinity unchanged.
+pub fn apply_cpu_binding(cpus: &[usize]) -> Result<(), TopoError> {
+    use nix::sched::{sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    let err = |msg: String| TopoError::Affinity {
+        cpus: format_cpulist(cpus),
+        msg,
+    };
+    let mut set = CpuSet::new();
+    for &c in cpus {
+        set.set(c).map_err(|_| {
+            err(format!(
+                "CPU {c} is beyond the {} CPUs sched_setaffinity supports",
+                CpuSet::count()
+            ))
+        })?;
+    }
+    sched_setaffinity(Pid::from_raw(0), &set).map_err(|e| err(e.to_string()))
+}
+
+/// What the runtime does at start-up for one local rank: discover the
+/// topology ([`Topology::discover`]), compute the bindings of all local
+/// ranks from the environment ([`BindOptions::from_env`]), apply this rank's
+/// CPU binding and return it (its `nics[0].netdev` is the TCP rail).
+pub fn bind_local_rank(local_rank: usize, local_size: usize) -> Result<Binding, TopoError> {
+    let topo = Topology::discover()?;
+    let opts = BindOptions::from_env()?;
+    let size = local_size.max(local_rank + 1);
+    let mut all = topo.bindings(size, &opts)?;
+    if local_rank >= all.len() {
+        return Err(TopoError::LocalSize {
+            found: local_rank,
+            max: MAX_LOCAL_SIZE,
+        });
+    }
+    let b = all.swap_remove(local_rank);
+    apply_cpu_binding(&b.cpus)?;
+    tracing::debug!(local_rank, reason = %b.reason, "topology binding");
+    Ok(b)
+}

@@ -1,0 +1,602 @@
+//! Renderings of a topology and its bindings: an `nvidia-smi topo -m`
+//! style matrix, plain-text bindings, JSON, and a hand-written SVG picture.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use super::binding::Binding;
+use super::model::{DeviceId, PciKind, Topology};
+use super::paths::PathClass;
+use super::util::format_cpulist;
+
+/// Devices of the matrix in order (GPUs, then NICs) with their labels.
+pub fn devices(topo: &Topology) -> Vec<(String, DeviceId)> {
+    let mut v: Vec<(String, DeviceId)> = topo
+        .gpus
+        .iter()
+        .map(|g| (format!("GPU{}", g.index), DeviceId::Gpu(g.index)))
+        .collect();
+    v.extend(
+        topo.nics
+            .iter()
+            .map(|n| (format!("NIC{}", n.index), DeviceId::Nic(n.index))),
+    );
+    v
+}
+
+/// The device × device path-class matrix, in [`devices`] order.
+pub fn path_matrix(topo: &Topology) -> Vec<Vec<PathClass>> {
+    let devs = devices(topo);
+    devs.iter()
+        .map(|(_, a)| devs.iter().map(|(_, b)| topo.path_class(*a, *b)).collect())
+        .collect()
+}
+
+const LEGEND: &str = "Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+";
+
+/// The matrix as `nvidia-smi topo -m` prints it: GPU/NIC × GPU/NIC path
+/// classes, CPU and NUMA affinity columns, the legend and the NIC legend.
+pub fn matrix_text(topo: &Topology) -> String {
+    let devs = devices(topo);
+    let m = path_matrix(topo);
+    let mut header: Vec<String> = vec![String::new()];
+    header.extend(devs.iter().map(|(l, _)| l.clone()));
+    header.push("CPU Affinity".into());
+    header.push("NUMA Affinity".into());
+    let mut rows: Vec<Vec<String>> = vec![header];
+    for (i, (label, dev)) in devs.iter().enumerate() {
+        let mut row = vec![label.clone()];
+        row.extend(m[i].iter().map(|c| c.to_string()));
+        let numa = topo.device_numa(*dev);
+        let cpus = topo.local_cpus(*dev);
+        row.push(if cpus.is_empty() {
+            "N/A".into()
+        } else {
+            format_cpulist(&cpus)
+        });
+        row.push(numa.map_or("N/A".into(), |n| n.to_string()));
+        rows.push(row);
+    }
+    let ncol = rows[0].len();
+    let widths: Vec<usize> = (0..ncol)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    if devs.is_empty() {
+        out.push_str("No GPU and no NIC found.\n");
+    } else {
+        for r in &rows {
+            let mut line = String::new();
+            for (c, cell) in r.iter().enumerate() {
+                let pad = widths[c].saturating_sub(cell.chars().count());
+                line.push_str(cell);
+                if c + 1 < ncol {
+                    line.push_str(&" ".repeat(pad + 2));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out.push('\n');
+    out.push_str(LEGEND);
+    if !topo.nics.is_empty() {
+        out.push_str("\nNIC Legend:\n\n");
+        for n in &topo.nics {
+            let mut extra = Vec::new();
+            if !n.netdevs.is_empty() && n.netdevs.iter().any(|d| *d != n.name) {
+                extra.push(format!("interfaces {}", n.netdevs.join(",")));
+            }
+            if let Some(b) = &n.busid {
+                if *b != n.name {
+                    extra.push(b.clone());
+                }
+            }
+            if n.is_virtual {
+                extra.push("virtual, host-attached".into());
+            }
+            let extra = if extra.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", extra.join(", "))
+            };
+            let _ = writeln!(out, "  NIC{}: {}{}", n.index, n.name, extra);
+        }
+    }
+    out
+}
+
+/// One line per binding plus its reason.
+pub fn bindings_text(topo: &Topology, bindings: &[Binding]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Bindings ({} local rank(s)):", bindings.len());
+    for b in bindings {
+        let _ = writeln!(
+            out,
+            "  local rank {}: {}",
+            b.local_rank,
+            binding_summary(topo, b)
+        );
+        let _ = writeln!(out, "    why: {}", b.reason);
+    }
+    out
+}
+
+/// `GPU0 0000:10:1c.0, NIC0 efa0 (PIX, 100000 Mb/s), CPUs 0-23, NUMA 0`.
+pub fn binding_summary(topo: &Topology, b: &Binding) -> String {
+    let gpu = match &b.gpu {
+        Some(g) => format!("GPU{} {}", g.index, g.busid.as_deref().unwrap_or(""))
+            .trim_end()
+            .to_string(),
+        None => "no GPU".into(),
+    };
+    let nics = if b.nics.is_empty() {
+        "no NIC".to_string()
+    } else {
+        b.nics
+            .iter()
+            .map(|n| {
+                let dev = if n.netdev != n.name {
+                    format!(" [{}]", n.netdev)
+                } else {
+                    String::new()
+                };
+                let speed = n
+                    .speed_mbps
+                    .map(|s| format!(", {s} Mb/s"))
+                    .unwrap_or_default();
+                format!(
+                    "NIC{} {}{} ({}{})",
+                    n.index, n.name, dev, n.path_class, speed
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    let cpus = if b.cpus.is_empty() {
+        "CPUs unbound".to_string()
+    } else {
+        format!("CPUs {}", format_cpulist(&b.cpus))
+    };
+    let numa = b.numa.map_or("NUMA ?".to_string(), |n| format!("NUMA {n}"));
+    let _ = topo;
+    format!("{gpu}, {nics}, {cpus}, {numa}")
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    topology: &'a Topology,
+    devices: Vec<String>,
+    path_classes: Vec<Vec<PathClass>>,
+    bindings: &'a [Binding],
+}
+
+/// Devices, path classes and bindings as pretty JSON.
+pub fn json_report(topo: &Topology, bindings: &[Binding]) -> String {
+    let report = Report {
+        topology: topo,
+        devices: devices(topo).into_iter().map(|(l, _)| l).collect(),
+        path_classes: path_matrix(topo),
+        bindings,
+    };
+    serde_json::to_string_pretty(&report)
+        .unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()))
+}
+
+fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '&' => o.push_str("&amp;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&apos;"),
+            c if (c as u32) < 0x20 => o.push(' '),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Item {
+    Pci(usize),
+    Dev(DeviceId),
+}
+
+const SLOT_W: f64 = 130.0;
+const BOX_W: f64 = 118.0;
+const BOX_H: f64 = 36.0;
+const ROW_H: f64 = 64.0;
+const COL_PAD: f64 = 16.0;
+const TOP: f64 = 70.0;
+const PALETTE: [&str; 8] = [
+    "#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42d4f4", "#f032e6", "#9a6324",
+];
+
+/// An SVG picture: one frame per NUMA node (grouped by socket), host
+/// bridges and PCIe switches as a tree, GPUs and NICs as leaves, and the
+/// chosen GPU↔NIC pairs as colored curves with matching outlines.
+pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
+    let drawn = |k: PciKind| matches!(k, PciKind::HostBridge | PciKind::Switch);
+    // Nearest drawn ancestor of PCI node i (excluding i).
+    let drawn_parent = |mut i: usize| -> Option<usize> {
+        let mut steps = 0;
+        while let Some(p) = topo.pci.get(i).and_then(|n| n.parent) {
+            if p >= i || steps > topo.pci.len() {
+                return None;
+            }
+            if drawn(topo.pci[p].kind) {
+                return Some(p);
+            }
+            i = p;
+            steps += 1;
+        }
+        None
+    };
+    // Build the drawn forest.
+    let mut children: BTreeMap<Item, Vec<Item>> = BTreeMap::new();
+    let mut roots: Vec<Item> = Vec::new();
+    let attach = |item: Item,
+                  parent: Option<usize>,
+                  children: &mut BTreeMap<Item, Vec<Item>>,
+                  roots: &mut Vec<Item>| {
+        let mut cur = item;
+        let mut par = parent;
+        loop {
+            match par {
+                Some(p) => {
+                    let e = children.entry(Item::Pci(p)).or_default();
+                    let existed = !e.is_empty() || roots.contains(&Item::Pci(p));
+                    if !e.contains(&cur) {
+                        e.push(cur);
+                    }
+                    if existed {
+                        return;
+                    }
+                    cur = Item::Pci(p);
+                    par = drawn_parent(p);
+                }
+                None => {
+                    if !roots.contains(&cur) {
+                        roots.push(cur);
+                    }
+                    return;
+                }
+            }
+        }
+    };
+    let endpoints: Vec<(DeviceId, Option<usize>)> = topo
+        .gpus
+        .iter()
+        .map(|g| (DeviceId::Gpu(g.index), g.pci))
+        .chain(topo.nics.iter().map(|n| (DeviceId::Nic(n.index), n.pci)))
+        .collect();
+    for (dev, pci) in &endpoints {
+        let parent = pci.and_then(|p| {
+            if drawn(topo.pci[p].kind) {
+                Some(p)
+            } else {
+                drawn_parent(p)
+            }
+        });
+        attach(Item::Dev(*dev), parent, &mut children, &mut roots);
+    }
+    // Children left to right by bus id (virtual NICs last).
+    let sort_key = |it: &Item| -> (bool, String) {
+        let busid = match it {
+            Item::Pci(p) => topo.pci[*p].busid.clone(),
+            Item::Dev(DeviceId::Gpu(g)) => topo.gpus[*g].busid.clone(),
+            Item::Dev(DeviceId::Nic(n)) => topo.nics[*n]
+                .busid
+                .clone()
+                .or_else(|| Some(format!("~{}", topo.nics[*n].name))),
+            Item::Dev(DeviceId::Numa(_)) => None,
+        };
+        (busid.is_none(), busid.unwrap_or_default())
+    };
+    for v in children.values_mut() {
+        v.sort_by_key(|it| sort_key(it));
+    }
+    // Group roots into columns by NUMA node.
+    let numa_of = |it: &Item| -> Option<usize> {
+        match it {
+            Item::Pci(p) => topo.pci[*p].numa,
+            Item::Dev(d) => topo.device_numa(*d),
+        }
+    };
+    let mut cols: BTreeMap<(usize, usize), Vec<Item>> = BTreeMap::new();
+    for n in &topo.numa_nodes {
+        cols.insert((n.package.unwrap_or(n.id), n.id), Vec::new());
+    }
+    let unknown = (usize::MAX, usize::MAX);
+    for r in &roots {
+        let key = match numa_of(r).and_then(|n| topo.numa_node(n)) {
+            Some(n) => (n.package.unwrap_or(n.id), n.id),
+            None => unknown,
+        };
+        cols.entry(key).or_default().push(*r);
+    }
+    for v in cols.values_mut() {
+        v.sort_by_key(|it| sort_key(it));
+    }
+
+    fn width(it: &Item, ch: &BTreeMap<Item, Vec<Item>>, depth: usize) -> usize {
+        match ch.get(it) {
+            Some(c) if depth < 64 => c
+                .iter()
+                .map(|x| width(x, ch, depth + 1))
+                .sum::<usize>()
+                .max(1),
+            _ => 1,
+        }
+    }
+    fn depth_of(it: &Item, ch: &BTreeMap<Item, Vec<Item>>, d: usize) -> usize {
+        match ch.get(it) {
+            Some(c) if d < 64 => c.iter().map(|x| depth_of(x, ch, d + 1)).max().unwrap_or(d),
+            _ => d,
+        }
+    }
+    let max_depth = roots
+        .iter()
+        .map(|r| depth_of(r, &children, 0))
+        .max()
+        .unwrap_or(0);
+
+    // Place items: leaves get slots, parents are centred over children.
+    fn place(
+        it: &Item,
+        ch: &BTreeMap<Item, Vec<Item>>,
+        x0: f64,
+        depth: usize,
+        pos: &mut BTreeMap<Item, (f64, f64)>,
+    ) -> f64 {
+        let w = width(it, ch, depth) as f64 * SLOT_W;
+        let y = TOP + 40.0 + depth as f64 * ROW_H;
+        if let Some(c) = ch.get(it).filter(|_| depth < 64) {
+            let mut x = x0;
+            for k in c {
+                x += place(k, ch, x, depth + 1, pos);
+            }
+        }
+        pos.insert(*it, (x0 + w / 2.0, y));
+        w
+    }
+    let mut pos: BTreeMap<Item, (f64, f64)> = BTreeMap::new();
+    let mut frames: Vec<(f64, f64, String)> = Vec::new();
+    let mut x = COL_PAD;
+    for ((pkg, id), items) in &cols {
+        let start = x;
+        let label = if (*pkg, *id) == unknown {
+            "NUMA node unknown / host-attached".to_string()
+        } else {
+            let node = topo.numa_node(*id);
+            let cpus = node.map(|n| format_cpulist(&n.cpus)).unwrap_or_default();
+            let sock = node
+                .and_then(|n| n.package)
+                .map(|p| format!("Socket {p} · "))
+                .unwrap_or_default();
+            format!(
+                "{sock}NUMA {id} · CPUs {}",
+                if cpus.is_empty() { "?".into() } else { cpus }
+            )
+        };
+        let label_w = label.chars().count() as f64 * 7.0 + 16.0;
+        let items_w = items
+            .iter()
+            .map(|it| width(it, &children, 0))
+            .sum::<usize>() as f64
+            * SLOT_W;
+        let w = (items_w + COL_PAD).max(SLOT_W + COL_PAD).max(label_w);
+        // Centre the trees in the frame.
+        let mut cx = start + (w - items_w) / 2.0;
+        for it in items {
+            cx += place(it, &children, cx, 0, &mut pos);
+        }
+        frames.push((start, w, label));
+        x = start + w + COL_PAD;
+    }
+    let title = format!(
+        "railring topology: {} ({} GPU, {} NIC)",
+        topo.source,
+        topo.gpus.len(),
+        topo.nics.len()
+    );
+    let shown: Vec<&Binding> = bindings
+        .iter()
+        .filter(|b| b.gpu.is_some() || !b.nics.is_empty())
+        .collect();
+    let longest = shown
+        .iter()
+        .map(|b| binding_summary(topo, b).chars().count() + 16)
+        .max()
+        .unwrap_or(0);
+    let total_w = x
+        .max(400.0)
+        .max(title.chars().count() as f64 * 8.5 + 2.0 * COL_PAD)
+        .max(longest as f64 * 6.2 + 2.0 * COL_PAD);
+    let body_h = TOP + 40.0 + (max_depth as f64 + 1.0) * ROW_H + 50.0;
+    let total_h = body_h + 30.0 + shown.len() as f64 * 18.0;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w:.0}" height="{total_h:.0}" viewBox="0 0 {total_w:.0} {total_h:.0}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="0" y="0" width="{total_w:.0}" height="{total_h:.0}" fill="#ffffff"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{COL_PAD}" y="24" font-size="15" font-weight="bold">{}</text>"#,
+        esc(&title)
+    );
+    for (fx, fw, label) in &frames {
+        let _ = writeln!(
+            s,
+            r##"<rect x="{fx:.1}" y="{:.1}" width="{fw:.1}" height="{:.1}" rx="8" fill="#f4f4f8" stroke="#888"/>"##,
+            TOP - 26.0,
+            body_h - TOP
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" font-weight="bold">{}</text>"#,
+            fx + 8.0,
+            TOP - 10.0,
+            esc(label)
+        );
+    }
+    // Tree edges.
+    for (p, kids) in &children {
+        let Some(&(px, py)) = pos.get(p) else {
+            continue;
+        };
+        for k in kids {
+            if let Some(&(kx, ky)) = pos.get(k) {
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{px:.1}" y1="{:.1}" x2="{kx:.1}" y2="{:.1}" stroke="#999" stroke-width="1.5"/>"##,
+                    py + BOX_H / 2.0,
+                    ky - BOX_H / 2.0
+                );
+            }
+        }
+    }
+    // Boxes.
+    for (it, &(cx, cy)) in &pos {
+        let (fill, l1, l2) = match it {
+            Item::Pci(p) => {
+                let n = &topo.pci[*p];
+                let (kind, fill) = match n.kind {
+                    PciKind::HostBridge => ("Host bridge", "#e0e0e0"),
+                    _ => ("PCIe switch", "#fff2cc"),
+                };
+                (fill, kind.to_string(), n.busid.clone().unwrap_or_default())
+            }
+            Item::Dev(DeviceId::Gpu(g)) => {
+                let gpu = &topo.gpus[*g];
+                let model = gpu
+                    .model
+                    .as_deref()
+                    .map(|m| format!(" {}", m.chars().take(14).collect::<String>()))
+                    .unwrap_or_default();
+                (
+                    "#d9ead3",
+                    format!("GPU{g}{model}"),
+                    gpu.busid.clone().unwrap_or_default(),
+                )
+            }
+            Item::Dev(DeviceId::Nic(n)) => {
+                let nic = &topo.nics[*n];
+                let sub = if nic.is_virtual {
+                    "virtual".to_string()
+                } else {
+                    nic.busid.clone().unwrap_or_default()
+                };
+                let l1 = if nic.busid.as_deref() == Some(nic.name.as_str()) {
+                    format!("NIC{n}")
+                } else {
+                    format!("NIC{n} {}", nic.name.chars().take(14).collect::<String>())
+                };
+                ("#cfe2f3", l1, sub)
+            }
+            Item::Dev(DeviceId::Numa(_)) => continue,
+        };
+        // Keep labels inside the box (about 6.5 px per character).
+        let l1: String = l1.chars().take(18).collect();
+        let _ = writeln!(
+            s,
+            r##"<rect x="{:.1}" y="{:.1}" width="{BOX_W}" height="{BOX_H}" rx="4" fill="{fill}" stroke="#555"/>"##,
+            cx - BOX_W / 2.0,
+            cy - BOX_H / 2.0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            cy - 3.0,
+            esc(&l1)
+        );
+        let _ = writeln!(
+            s,
+            r##"<text x="{cx:.1}" y="{:.1}" text-anchor="middle" font-size="9" fill="#444">{}</text>"##,
+            cy + 11.0,
+            esc(&l2)
+        );
+    }
+    // Chosen pairs: a curve per GPU↔NIC pair (dashed for extra rails) and
+    // outlines in the same colour; a box chosen by several ranks gets
+    // nested outlines.
+    let mut outlines: BTreeMap<Item, usize> = BTreeMap::new();
+    let mut outline = |s: &mut String, it: Item, (x, y): (f64, f64), color: &str, dash: &str| {
+        let k = outlines.entry(it).or_insert(0);
+        let off = 2.0 + 4.0 * (*k % 4) as f64;
+        *k += 1;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" rx="5" fill="none" stroke="{color}" stroke-width="3"{dash}/>"#,
+            x - BOX_W / 2.0 - off,
+            y - BOX_H / 2.0 - off,
+            BOX_W + 2.0 * off,
+            BOX_H + 2.0 * off
+        );
+    };
+    let mut ly = body_h + 10.0;
+    let _ = writeln!(
+        s,
+        r#"<text x="{COL_PAD}" y="{ly:.1}" font-weight="bold">Bindings</text>"#
+    );
+    for (k, b) in shown.iter().enumerate() {
+        let color = PALETTE[k % PALETTE.len()];
+        let gpos = b
+            .gpu
+            .as_ref()
+            .and_then(|g| pos.get(&Item::Dev(DeviceId::Gpu(g.index))).copied());
+        for (j, n) in b.nics.iter().enumerate() {
+            let nic_item = Item::Dev(DeviceId::Nic(n.index));
+            let Some(npos) = pos.get(&nic_item).copied() else {
+                continue;
+            };
+            let dash = if j == 0 {
+                ""
+            } else {
+                r#" stroke-dasharray="5,3""#
+            };
+            if let Some((gx, gy)) = gpos {
+                let (x1, y1, x2, y2) = (gx, gy + BOX_H / 2.0, npos.0, npos.1 + BOX_H / 2.0);
+                let bulge = 28.0 + 6.0 * (k % 4) as f64;
+                let _ = writeln!(
+                    s,
+                    r#"<path d="M {x1:.1} {y1:.1} C {x1:.1} {:.1}, {x2:.1} {:.1}, {x2:.1} {y2:.1}" fill="none" stroke="{color}" stroke-width="3" opacity="0.85"{dash}/>"#,
+                    y1.max(y2) + bulge,
+                    y1.max(y2) + bulge
+                );
+            }
+            outline(&mut s, nic_item, npos, color, dash);
+        }
+        if let (Some(p), Some(g)) = (gpos, &b.gpu) {
+            outline(&mut s, Item::Dev(DeviceId::Gpu(g.index)), p, color, "");
+        }
+        ly += 18.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{COL_PAD}" y="{ly:.1}" fill="{color}">local rank {}: {}</text>"#,
+            b.local_rank,
+            esc(&binding_summary(topo, b))
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
