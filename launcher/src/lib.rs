@@ -2,3 +2,10 @@
 pub mod hosts;
 pub mod placement;
 pub mod topo_cmd;
+
+pub mod agent;
+pub mod cli;
+pub mod job;
+pub mod proto;
+pub mod spawn;
+pub mod stdio;

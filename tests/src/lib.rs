@@ -1,1 +1,6 @@
-//! Emulated cluster harness.
+//! Emulated cluster harness (network namespaces, real sshd, veth rails)
+//! for railring's integration tests. See `tests/cluster/README.md`.
+
+pub mod cluster;
+
+pub use cluster::{Cluster, ClusterSpec, UpOptions, HEAD};
