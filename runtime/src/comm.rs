@@ -172,7 +172,6 @@ struct Inner {
     comm: u64,
     job: String,
     layout: Layout,
-    node_index: usize,
     peers: Arc<Vec<PeerInfo>>,
     store: Option<Arc<StoreClient>>,
     net: Option<Arc<TcpNet>>,
@@ -183,9 +182,8 @@ struct Inner {
     p2p_send: HashMap<usize, u64>,
     p2p_recv: HashMap<usize, u64>,
     plans: HashMap<(CollKind, Algo, usize, usize), Arc<Plan>>,
-    choices: HashMap<(CollKind, usize, usize), Algo>,
+    choices: HashMap<(CollKind, usize, usize, usize), (Algo, String)>,
     staging: Vec<u64>,
-    scratch: Vec<u64>,
     poisoned: Option<String>,
     split_seq: u64,
     rail: usize,
@@ -353,6 +351,7 @@ impl Communicator {
             Some(store),
             Some(net),
             cfg,
+            None,
         )
     }
 
@@ -367,6 +366,7 @@ impl Communicator {
         store: Option<Arc<StoreClient>>,
         net: Option<Arc<TcpNet>>,
         cfg: Config,
+        parent_rail: Option<usize>,
     ) -> Result<Communicator> {
         let size = members.len();
         let peers: Vec<PeerInfo> = members
@@ -394,7 +394,12 @@ impl Communicator {
             .ok_or_else(|| Error::Invalid("rank missing from layout".into()))?;
         let local = layout.nodes[node_index].clone();
         let rails = net.as_ref().map(|n| n.rails.len()).unwrap_or(1).max(1);
-        let rail = local_rank % rails;
+        let rail = if comm == 1 {
+            Self::bind(rank, local_rank, local.len(), net.as_deref())
+        } else {
+            // sub-communicators keep the process's binding and rail
+            parent_rail.unwrap_or(local_rank % rails)
+        };
         let peers = Arc::new(peers);
         let node = if local.len() > 1 {
             let store = store
@@ -423,6 +428,55 @@ impl Communicator {
             .rail = rail;
         tracing::info!(target: "railring::init", rank, size, "node {node_index} local rank {local_rank}/{}, rail {rail}", local.len());
         Ok(c)
+    }
+
+    /// Bind this process (CPUs from the topology) and pick its rail: the NIC the topology chose
+    /// for this local rank when every local rank's NIC is one of the rail interfaces, else local
+    /// rank i -> rail i mod R. Topology problems are logged, never fatal.
+    fn bind(rank: usize, local_rank: usize, local_size: usize, net: Option<&TcpNet>) -> usize {
+        use crate::topology::{apply_cpu_binding, BindOptions, Topology};
+        let nrails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
+        let fallback = local_rank % nrails;
+        let bindings = Topology::discover()
+            .and_then(|t| BindOptions::from_env().and_then(|o| t.bindings(local_size, &o)));
+        let bindings = match bindings {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(target: "railring::topo", rank, "topology unavailable ({e}); rail {fallback} by local rank, CPUs unbound");
+                return fallback;
+            }
+        };
+        let Some(me) = bindings.get(local_rank) else {
+            return fallback;
+        };
+        if let Err(e) = apply_cpu_binding(&me.cpus) {
+            tracing::warn!(target: "railring::topo", rank, "could not bind CPUs {:?}: {e}", me.cpus);
+        }
+        let rail_of = |b: &crate::topology::Binding| {
+            let nic = b.nics.first()?;
+            net?.rails
+                .iter()
+                .position(|r| r.ifname == nic.netdev || r.ifname == nic.name)
+        };
+        let all: Option<Vec<usize>> = bindings.iter().map(rail_of).collect();
+        let (rail, why) = match all {
+            Some(v) => (v[local_rank], "the topology's nearest NIC"),
+            None => (fallback, "local rank modulo the number of rails (the topology's NICs are not all rail interfaces)"),
+        };
+        let rail_name = net
+            .and_then(|n| n.rails.get(rail))
+            .map(|r| r.ifname.clone())
+            .unwrap_or_default();
+        tracing::info!(
+            target: "railring::topo",
+            rank,
+            "local rank {local_rank}: GPU {}, NIC {}, CPUs {}, rail {rail} ({rail_name}) by {why}; {}",
+            me.gpu.as_ref().map(|g| g.index.to_string()).unwrap_or_else(|| "none".into()),
+            me.nics.first().map(|n| format!("{} ({})", n.name, n.path_class)).unwrap_or_else(|| "none".into()),
+            crate::topology::format_cpulist(&me.cpus),
+            me.reason
+        );
+        rail
     }
 
     fn setup_shm(
@@ -513,7 +567,6 @@ impl Communicator {
             comm,
             job,
             layout,
-            node_index,
             peers,
             store,
             net,
@@ -526,7 +579,6 @@ impl Communicator {
             plans: HashMap::new(),
             choices: HashMap::new(),
             staging: Vec::new(),
-            scratch: Vec::new(),
             poisoned: None,
             split_seq: 0,
             rail: 0,
@@ -634,18 +686,7 @@ impl Communicator {
         }
         let r = {
             let mut g = sh.inner.lock().unwrap_or_else(|e| e.into_inner());
-            match &g.poisoned {
-                Some(p) => Err(Error::Poisoned(p.clone())),
-                None => {
-                    let r = f(&mut g);
-                    if let Err(e) = &r {
-                        if !matches!(e, Error::Invalid(_)) {
-                            g.poisoned = Some(e.to_string());
-                        }
-                    }
-                    r
-                }
-            }
+            Inner::guarded(&mut g, f)
         };
         let mut t = sh.turn.lock().unwrap_or_else(|e| e.into_inner());
         t.1 += 1;
@@ -654,6 +695,13 @@ impl Communicator {
     }
 
     fn blocking<R>(&self, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
+        // Until a non-blocking call has started the worker, calls run in the caller's order and
+        // need no tickets: the fast path for small messages is one uncontended lock.
+        let worker_started = self.sh.worker.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        if !worker_started {
+            let mut g = self.lock();
+            return Inner::guarded(&mut g, f);
+        }
         let t = self.ticket();
         Self::run(&self.sh, t, f)
     }
@@ -919,6 +967,70 @@ impl Communicator {
     }
 }
 
+/// Untyped forms of the collectives: buffers as bytes plus a [`DataType`]. Lengths must be
+/// multiples of the element size. (Benchmarks and language bindings use these.)
+impl Communicator {
+    fn check_len(buf: &[u8], dtype: DataType) -> Result<()> {
+        if buf.len() % dtype.size() != 0 {
+            return Err(Error::Invalid(format!(
+                "{} bytes is not a whole number of {dtype} elements",
+                buf.len()
+            )));
+        }
+        Ok(())
+    }
+    pub fn all_reduce_raw(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        Self::check_len(buf, dtype)?;
+        self.blocking(|g| g.all_reduce(buf, dtype, op))
+    }
+    /// In place: `buf` holds `size` blocks; this rank's block receives the reduction.
+    pub fn reduce_scatter_raw(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        Self::check_len(buf, dtype)?;
+        self.blocking(|g| g.reduce_scatter(buf, dtype, op))
+    }
+    /// In place: this rank's block of `buf` is its contribution.
+    pub fn all_gather_raw(&self, buf: &mut [u8], dtype: DataType) -> Result<()> {
+        Self::check_len(buf, dtype)?;
+        self.blocking(|g| g.all_gather(buf, dtype))
+    }
+    pub fn broadcast_raw(&self, buf: &mut [u8], dtype: DataType, root: usize) -> Result<()> {
+        Self::check_len(buf, dtype)?;
+        self.blocking(|g| g.broadcast(buf, dtype, root))
+    }
+    /// In place; non-root buffers are used as scratch.
+    pub fn reduce_raw(
+        &self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        Self::check_len(buf, dtype)?;
+        self.blocking(|g| g.reduce(buf, dtype, op, root))
+    }
+    pub fn all_to_all_raw(&self, input: &[u8], output: &mut [u8], dtype: DataType) -> Result<()> {
+        Self::check_len(input, dtype)?;
+        if input.len() != output.len() || (input.len() / dtype.size()) % self.size() != 0 {
+            return Err(Error::Invalid(
+                "all_to_all: input and output must be equal and divisible by the world size".into(),
+            ));
+        }
+        self.blocking(|g| g.all_to_all(input, output, dtype))
+    }
+    pub fn send_recv_raw(
+        &self,
+        send: &[u8],
+        dest: usize,
+        recv: &mut [u8],
+        src: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        Self::check_len(send, dtype)?;
+        Self::check_len(recv, dtype)?;
+        self.blocking(|g| g.p2p(Some((send, dest)), Some((recv, src)), dtype))
+    }
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
         // Stop the worker (pending jobs still run: the sender is dropped after them).
@@ -929,7 +1041,52 @@ impl Drop for Communicator {
 }
 
 impl Inner {
+    /// Run `f` unless an earlier failure poisoned the communicator; a failure (other than a
+    /// rejected argument) poisons it.
+    fn guarded<R>(g: &mut Inner, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
+        if let Some(p) = &g.poisoned {
+            return Err(Error::Poisoned(p.clone()));
+        }
+        let r = f(g);
+        if let Err(e) = &r {
+            if !matches!(e, Error::Invalid(_)) {
+                g.poisoned = Some(e.to_string());
+            }
+        }
+        r
+    }
+
+    /// The algorithm for a call (cached; see [`Inner::choose`]).
+    fn algo(&mut self, kind: CollKind, count: usize, esz: usize, root: usize) -> Algo {
+        match self.choices.get(&(kind, count, esz, root)) {
+            Some((a, _)) => *a,
+            None => self.choose(kind, count, esz, root).0,
+        }
+    }
+
+    /// The algorithm for a call: forced by `RAILRING_ALGO`, else the cost model's choice. The
+    /// choice is cached per (kind, count, element size, root): pricing builds every rank's plan.
     fn choose(&mut self, kind: CollKind, count: usize, esz: usize, root: usize) -> (Algo, String) {
+        if let Some((a, why)) = self.choices.get(&(kind, count, esz, root)) {
+            return (*a, why.clone());
+        }
+        let (a, why) = self.choose_uncached(kind, count, esz, root);
+        tracing::info!(target: "railring::tune", rank = self.rank, "{kind} of {} bytes: {a} ({why})", count * esz);
+        if self.choices.len() > 4096 {
+            self.choices.clear();
+        }
+        self.choices
+            .insert((kind, count, esz, root), (a, why.clone()));
+        (a, why)
+    }
+
+    fn choose_uncached(
+        &self,
+        kind: CollKind,
+        count: usize,
+        esz: usize,
+        root: usize,
+    ) -> (Algo, String) {
         let candidates = railring_collectives::build::algorithms_for(kind);
         if let Some(a) = self.cfg.algo {
             if candidates.contains(&a)
@@ -938,13 +1095,31 @@ impl Inner {
                 return (a, format!("forced by RAILRING_ALGO={a}"));
             }
         }
-        let model = railring_collectives::cost::CostModel::default_cpu();
-        let (a, why) = model.choose(kind, &self.layout, count, esz, root);
-        let bucket = (usize::BITS - (count * esz).leading_zeros()) as usize;
-        if self.choices.insert((kind, bucket, esz), a) != Some(a) {
-            tracing::info!(target: "railring::tune", rank = self.rank, "{kind} of {} bytes: {a} ({why})", count * esz);
+        // On one node the two-level plan is the shared-memory fabric alone: each rank reduces its
+        // slice from every peer's staging slot, and small calls take one flag round. Every
+        // point-to-point plan moves the same bytes through shm rings with more synchronisation.
+        if self.layout.nodes.len() == 1
+            && matches!(
+                kind,
+                CollKind::AllReduce
+                    | CollKind::Barrier
+                    | CollKind::ReduceScatter
+                    | CollKind::AllGather
+            )
+            && candidates.contains(&Algo::TwoLevel)
+        {
+            return (
+                Algo::TwoLevel,
+                "one node: in-node shared-memory fabric".into(),
+            );
         }
-        (a, why)
+        railring_collectives::cost::CostModel::default_cpu().choose(
+            kind,
+            &self.layout,
+            count,
+            esz,
+            root,
+        )
     }
 
     fn plan(&mut self, kind: CollKind, algo: Algo, count: usize, root: usize) -> Result<Arc<Plan>> {
@@ -999,7 +1174,7 @@ impl Inner {
         if self.size == 1 {
             return Ok(());
         }
-        let (algo, _) = self.choose(kind, count, dtype.size(), root);
+        let algo = self.algo(kind, count, dtype.size(), root);
         let plan = self.plan(kind, algo, count, root)?;
         let mut ex = Executor {
             rank: self.rank,
@@ -1323,6 +1498,7 @@ impl Inner {
             Some(store),
             self.net.clone(),
             self.cfg.clone(),
+            Some(self.rail),
         )?;
         Ok(Some(c))
     }

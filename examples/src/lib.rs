@@ -1,0 +1,3 @@
+//! Shared code of the examples: the nccl-tests-style benchmark driver behind `railperf`.
+
+pub mod perf;
