@@ -176,7 +176,7 @@ struct Inner {
     store: Option<Arc<StoreClient>>,
     net: Option<Arc<TcpNet>>,
     links: LinkTable,
-    fabric: Option<ShmFabric>,
+    fabric: Option<Box<dyn crate::transport::NodeFabric>>,
     cfg: Config,
     seq: u64,
     p2p_send: HashMap<usize, u64>,
@@ -187,6 +187,8 @@ struct Inner {
     poisoned: Option<String>,
     split_seq: u64,
     rail: usize,
+    /// The bootstrap store this rank serves (rank 0 under srun / torchrun-style env).
+    store_server: Option<crate::bootstrap::store::ServerHandle>,
 }
 
 fn init_logging() {
@@ -255,6 +257,34 @@ impl Communicator {
                     cfg.connect_timeout,
                 )?);
                 Self::bootstrap(store, rank, size, &secret, &job_id, cfg)
+            }
+            Launch::HostedStore {
+                rank,
+                size,
+                store_addr,
+                serve_on,
+                secret,
+                job_id,
+                source,
+            } => {
+                let server = if rank == 0 {
+                    let l = std::net::TcpListener::bind(&serve_on).map_err(|e| Error::Transport {
+                        rank,
+                        what: format!("rank 0 serving the bootstrap store on {serve_on} ({source})"),
+                        err: e,
+                    })?;
+                    Some(
+                        crate::bootstrap::store::serve(l, &secret, crate::bootstrap::Store::new())
+                            .map_err(|e| Error::Transport { rank, what: "starting the store".into(), err: e })?,
+                    )
+                } else {
+                    None
+                };
+                tracing::info!(target: "railring::init", rank, size, "bootstrap via {source}: store at {store_addr}");
+                let store = Arc::new(StoreClient::connect(&store_addr, &secret, cfg.connect_timeout)?);
+                let c = Self::bootstrap(store, rank, size, &secret, &job_id, cfg)?;
+                c.lock().store_server = server;
+                Ok(c)
             }
         }
     }
@@ -545,9 +575,9 @@ impl Communicator {
         } else {
             HashMap::new()
         };
-        let fabric = node
-            .as_ref()
-            .map(|n| ShmFabric::new(n.clone(), cfg.timeout));
+        let fabric = node.as_ref().map(|n| {
+            Box::new(ShmFabric::new(n.clone(), cfg.timeout)) as Box<dyn crate::transport::NodeFabric>
+        });
         let links = LinkTable {
             me: rank,
             comm,
@@ -582,6 +612,7 @@ impl Communicator {
             poisoned: None,
             split_seq: 0,
             rail: 0,
+            store_server: None,
         };
         Communicator {
             sh: Arc::new(Shared {
@@ -1180,7 +1211,7 @@ impl Inner {
             rank: self.rank,
             size: self.size,
             links: &mut self.links,
-            fabric: self.fabric.as_mut(),
+            fabric: self.fabric.as_deref_mut(),
             timeout: self.cfg.timeout,
             chunk: self.cfg.net_chunk,
             staging: &mut self.staging,

@@ -100,6 +100,17 @@ pub enum Launch {
         job_id: String,
         source: &'static str,
     },
+    /// Started without railrun (srun direct launch, torchrun-style env): rank 0 serves the
+    /// bootstrap store on `serve_on`; every rank (rank 0 too) connects to `store_addr`.
+    HostedStore {
+        rank: usize,
+        size: usize,
+        store_addr: String,
+        serve_on: String,
+        secret: String,
+        job_id: String,
+        source: &'static str,
+    },
 }
 
 /// Read the launch environment (railrun's `RAILRING_*` variables).

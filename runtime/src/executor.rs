@@ -10,8 +10,8 @@
 //!   slices runs as one pipelined in-node all-reduce.
 
 use crate::error::{Error, Result};
-use crate::transport::shm::{NodeMode, ShmFabric, DESC};
-use crate::transport::{Backoff, Link, LinkError};
+use crate::transport::shm::{NodeMode, DESC};
+use crate::transport::{Backoff, Link, LinkError, NodeFabric};
 use railring_collectives::plan::{Buf, CollKind, Plan, Region, Step};
 use railring_collectives::{kernels, DataType, ReduceOp};
 use std::collections::HashSet;
@@ -103,7 +103,7 @@ pub struct Executor<'a> {
     /// Ranks in the communicator.
     pub size: usize,
     pub links: &'a mut dyn Links,
-    pub fabric: Option<&'a mut ShmFabric>,
+    pub fabric: Option<&'a mut (dyn NodeFabric + 'static)>,
     pub timeout: Duration,
     /// Receive-reduce chunk in bytes.
     pub chunk: usize,
@@ -255,10 +255,10 @@ impl<'a> Executor<'a> {
             .fabric
             .as_deref_mut()
             .ok_or_else(|| Error::Plan("in-node step without a shared-memory fabric".into()))?;
-        if fabric.node.ranks != group {
+        if fabric.ranks() != group {
             return Err(Error::Plan(format!(
                 "in-node step over {group:?}, but this node holds {:?}",
-                fabric.node.ranks
+                fabric.ranks()
             )));
         }
         let mut byte_slices = Vec::with_capacity(slices.len());

@@ -84,6 +84,31 @@ pub trait Link: Send {
     fn bytes_sent(&self) -> u64;
 }
 
+/// An in-node collective engine: the shared-memory fabric on CPU hosts; a CUDA IPC / NVLink
+/// fabric on GPU hosts. The executor hands it the plan's `NodeReduceScatter` / `NodeAllGather`
+/// steps (fused into one all-reduce where possible).
+pub trait NodeFabric: Send {
+    /// Communicator ranks on this node, in local-rank order.
+    fn ranks(&self) -> &[usize];
+    /// Run one in-node collective over byte slices of `work` (`slices[i]` owned by local index
+    /// i; identical on every member). `desc` identifies the call; peers whose descriptor
+    /// differs fail the call, described with `describe`.
+    ///
+    /// # Safety
+    /// `work` must be valid for reads and writes over every slice.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn node_op(
+        &mut self,
+        mode: shm::NodeMode,
+        dtype: railring_collectives::DataType,
+        op: railring_collectives::ReduceOp,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+        desc: &[u8; shm::DESC],
+        describe: &dyn Fn(&[u8; shm::DESC]) -> String,
+    ) -> crate::Result<()>;
+}
+
 /// Spin briefly, then yield, then sleep: ranks may outnumber cores, and a pure spin-wait turns
 /// an oversubscribed run into a crawl.
 pub struct Backoff {

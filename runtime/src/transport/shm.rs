@@ -297,7 +297,7 @@ impl ShmFabric {
         Ok(())
     }
 
-    /// Run one in-node collective. `work` is this rank's buffer; `slices[i]` = (byte offset,
+    /// Run one in-node collective (see [`super::NodeFabric::node_op`]). `work` is this rank's buffer; `slices[i]` = (byte offset,
     /// byte length) owned by local index i (all ranks pass identical slices). `desc` describes
     /// the call; peers' descriptors must match or the call fails naming both.
     ///
@@ -490,6 +490,24 @@ impl ShmFabric {
             }
         }
         Ok(())
+    }
+}
+
+impl super::NodeFabric for ShmFabric {
+    fn ranks(&self) -> &[usize] {
+        &self.node.ranks
+    }
+    unsafe fn node_op(
+        &mut self,
+        mode: NodeMode,
+        dtype: DataType,
+        op: ReduceOp,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        ShmFabric::node_op(self, mode, dtype, op, work, slices, desc, describe)
     }
 }
 
