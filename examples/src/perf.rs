@@ -643,12 +643,10 @@ impl Backend for Railring {
         let me = self.comm.rank();
         let e = |e: railring::Error| e.to_string();
         match c {
-            Coll::AllReduce => {
-                if let Some(i) = input {
-                    out.copy_from_slice(i);
-                }
-                self.comm.all_reduce_raw(out, dtype, op).map_err(e)
-            }
+            Coll::AllReduce => match input {
+                Some(i) => self.comm.all_reduce_into_raw(i, out, dtype, op).map_err(e),
+                None => self.comm.all_reduce_raw(out, dtype, op).map_err(e),
+            },
             Coll::ReduceScatter => match input {
                 // out-of-place: reduce a copy of the input, keep this rank's block at the start
                 Some(i) => {

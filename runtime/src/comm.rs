@@ -91,6 +91,7 @@ struct LinkTable {
     local_index: HashMap<usize, usize>,
     net: Option<Arc<TcpNet>>,
     peers: Arc<Vec<PeerInfo>>,
+    store: Option<Arc<StoreClient>>,
 }
 
 impl Links for LinkTable {
@@ -135,10 +136,31 @@ impl Links for LinkTable {
                         .map_err(terr)?,
                     )
                 } else {
-                    match net
-                        .accept(self.comm, peer, chan, self.timeout)
-                        .map_err(terr)?
-                    {
+                    // Wait in slices: between them, look for an abort record so a rank whose peer
+                    // died before connecting fails in about a second, not at the timeout.
+                    let start = std::time::Instant::now();
+                    let accepted = loop {
+                        let left = self.timeout.saturating_sub(start.elapsed());
+                        if let Some(l) = net.accept(self.comm, peer, chan, left.min(Duration::from_secs(1))).map_err(terr)? {
+                            break Some(l);
+                        }
+                        if let Some(store) = &self.store {
+                            let key = format!("c{:x}/abort", self.comm);
+                            if store.check(std::slice::from_ref(&key)).ok().and_then(|p| p.first().copied()) == Some(true) {
+                                let why = store.get(&key, Duration::from_secs(1)).map(|v| String::from_utf8_lossy(&v).into_owned()).unwrap_or_default();
+                                return Err(Error::PeerDead {
+                                    rank: self.me,
+                                    peer,
+                                    host: pi.hostname.clone(),
+                                    why: format!("the job is failing while waiting for it to connect; first failure reported: {why}"),
+                                });
+                            }
+                        }
+                        if start.elapsed() >= self.timeout {
+                            break None;
+                        }
+                    };
+                    match accepted {
                         Some(l) => Box::new(l),
                         None => {
                             return Err(Error::Timeout {
@@ -240,6 +262,10 @@ impl Communicator {
     pub fn init() -> Result<Communicator> {
         init_logging();
         let cfg = Config::from_env()?;
+        #[cfg(feature = "mpi")]
+        if let Some(c) = crate::bootstrap::mpi::init_if_mpirun(&cfg)? {
+            return Ok(c); // started by mpirun / mpiexec (see bootstrap::mpi)
+        }
         match launch_from_env()? {
             Launch::Alone => Self::alone(cfg),
             Launch::Store {
@@ -287,6 +313,12 @@ impl Communicator {
                 Ok(c)
             }
         }
+    }
+
+    /// Keep the bootstrap store this rank serves running as long as the communicator.
+    #[allow(dead_code)] // used by the `mpi` feature
+    pub(crate) fn keep_store_server(&self, server: crate::bootstrap::store::ServerHandle) {
+        self.lock().store_server = Some(server);
     }
 
     fn alone(cfg: Config) -> Result<Communicator> {
@@ -589,6 +621,7 @@ impl Communicator {
             local_index,
             net: net.clone(),
             peers: peers.clone(),
+            store: store.clone(),
         };
         let nnodes = layout.nodes.len();
         let inner = Inner {
@@ -794,8 +827,7 @@ impl Communicator {
                 output.len()
             )));
         }
-        output.copy_from_slice(input);
-        self.all_reduce(output, op)
+        self.blocking(|g| g.all_reduce_from(as_bytes_mut(output), Some(as_bytes(input)), T::DTYPE, op))
     }
 
     /// Non-blocking all-reduce of an owned buffer; `wait()` returns it reduced.
@@ -1014,6 +1046,14 @@ impl Communicator {
         Self::check_len(buf, dtype)?;
         self.blocking(|g| g.all_reduce(buf, dtype, op))
     }
+    /// Out of place: `output` receives the reduction of every rank's `input`.
+    pub fn all_reduce_into_raw(&self, input: &[u8], output: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        Self::check_len(input, dtype)?;
+        if input.len() != output.len() {
+            return Err(Error::Invalid("all_reduce_into: input and output lengths differ".into()));
+        }
+        self.blocking(|g| g.all_reduce_from(output, Some(input), dtype, op))
+    }
     /// In place: `buf` holds `size` blocks; this rank's block receives the reduction.
     pub fn reduce_scatter_raw(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
         Self::check_len(buf, dtype)?;
@@ -1079,12 +1119,43 @@ impl Inner {
             return Err(Error::Poisoned(p.clone()));
         }
         let r = f(g);
-        if let Err(e) = &r {
-            if !matches!(e, Error::Invalid(_)) {
+        match r {
+            Err(Error::Invalid(_)) | Ok(_) => r,
+            Err(e) => {
+                let e = g.fail(e);
                 g.poisoned = Some(e.to_string());
+                Err(e)
             }
         }
-        r
+    }
+
+    /// After a failed call: tell the peers (shm abort word, closed connections, the store's abort
+    /// record) so nobody waits for this rank until a timeout, and add the first failure reported
+    /// by any rank to the error when it names someone else (the root cause of a cascade).
+    fn fail(&mut self, e: Error) -> Error {
+        if let Some(n) = &self.links.node {
+            n.abort();
+        }
+        self.links.map.clear();
+        let Some(store) = self.store.clone() else { return e };
+        let key = format!("c{:x}/abort", self.comm);
+        let first = match store.check(std::slice::from_ref(&key)) {
+            Ok(p) if p.first() == Some(&true) => store.get(&key, Duration::from_secs(1)).ok().map(|v| String::from_utf8_lossy(&v).into_owned()),
+            Ok(_) => {
+                let _ = store.set(&key, format!("rank {}: {e}", self.rank).as_bytes());
+                None
+            }
+            Err(_) => None,
+        };
+        match (first, e) {
+            (Some(f), Error::PeerDead { rank, peer, host, why }) if !f.starts_with(&format!("rank {}:", self.rank)) => {
+                Error::PeerDead { rank, peer, host, why: format!("{why}; first failure reported: {f}") }
+            }
+            (Some(f), Error::Timeout { rank, secs, waiting, what }) if !f.starts_with(&format!("rank {}:", self.rank)) => {
+                Error::Timeout { rank, secs, waiting, what: format!("{what}; first failure reported: {f}") }
+            }
+            (_, e) => e,
+        }
     }
 
     /// The algorithm for a call (cached; see [`Inner::choose`]).
@@ -1201,8 +1272,27 @@ impl Inner {
         work: &mut [u8],
         input: &[u8],
     ) -> Result<()> {
+        self.exec_from(kind, dtype, op, count, root, work, input, None)
+    }
+
+    /// [`Inner::exec`] for an out-of-place call whose work buffer starts as a copy of `src`.
+    #[allow(clippy::too_many_arguments)]
+    fn exec_from(
+        &mut self,
+        kind: CollKind,
+        dtype: DataType,
+        op: ReduceOp,
+        count: usize,
+        root: usize,
+        work: &mut [u8],
+        input: &[u8],
+        src: Option<&[u8]>,
+    ) -> Result<()> {
         let desc = self.next_desc(kind, dtype, op, count, root);
         if self.size == 1 {
+            if let Some(s) = src {
+                work.copy_from_slice(s);
+            }
             return Ok(());
         }
         let algo = self.algo(kind, count, dtype.size(), root);
@@ -1221,8 +1311,9 @@ impl Inner {
             work_bytes: work.len(),
             input: input.as_ptr(),
             input_bytes: input.len(),
+            src: src.map(|s| s.as_ptr()),
         };
-        // SAFETY: work and input are live slices of the stated lengths for the whole call.
+        // SAFETY: work, input and src are live slices of the stated lengths for the whole call.
         unsafe { ex.run(&plan, &desc, op, bufs) }
     }
 
@@ -1237,8 +1328,15 @@ impl Inner {
     }
 
     fn all_reduce(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        self.all_reduce_from(buf, None, dtype, op)
+    }
+
+    fn all_reduce_from(&mut self, buf: &mut [u8], src: Option<&[u8]>, dtype: DataType, op: ReduceOp) -> Result<()> {
         let count = buf.len() / dtype.size();
-        self.exec(CollKind::AllReduce, dtype, op, count, 0, buf, &[])?;
+        if src.is_some_and(|s| s.len() != buf.len()) {
+            return Err(Error::Invalid("all_reduce: input and output lengths differ".into()));
+        }
+        self.exec_from(CollKind::AllReduce, dtype, op, count, 0, buf, &[], src)?;
         if op == ReduceOp::Avg {
             kernels::finish_avg(dtype, buf, self.size);
         }

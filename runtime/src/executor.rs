@@ -117,6 +117,10 @@ pub struct Bufs {
     pub work_bytes: usize,
     pub input: *const u8,
     pub input_bytes: usize,
+    /// Out-of-place calls: where `work`'s initial contents are (same length). The executor
+    /// copies them in, or lets an in-node fabric read them directly when the plan starts with
+    /// an in-node all-reduce.
+    pub src: Option<*const u8>,
 }
 
 impl Bufs {
@@ -177,6 +181,13 @@ impl<'a> Executor<'a> {
         let mut hdr_sent: HashSet<(usize, usize)> = HashSet::new();
         let mut hdr_recv: HashSet<(usize, usize)> = HashSet::new();
         let d = desc.encode();
+        let mut src = bufs.src.filter(|&p| p != bufs.work as *const u8);
+        let starts_fused = matches!(plan.steps.first(), Some(Step::NodeReduceScatter { group, .. }) if group.len() == self.size && self.size > 1)
+            && matches!(plan.steps.get(1), Some(Step::NodeAllGather { .. }));
+        if let (Some(p), false) = (src, starts_fused) {
+            std::ptr::copy(p, bufs.work, bufs.work_bytes);
+            src = None;
+        }
         let mut i = 0;
         while i < plan.steps.len() {
             match &plan.steps[i] {
@@ -217,10 +228,10 @@ impl<'a> Executor<'a> {
                     } else {
                         NodeMode::ReduceScatter
                     };
-                    self.node(mode, group, slices, &d, dtype, op, bufs)?;
+                    self.node(mode, group, slices, &d, dtype, op, bufs, src.take())?;
                 }
                 Step::NodeAllGather { group, slices } => {
-                    self.node(NodeMode::AllGather, group, slices, &d, dtype, op, bufs)?
+                    self.node(NodeMode::AllGather, group, slices, &d, dtype, op, bufs, None)?
                 }
                 Step::Copy { src, dst } => {
                     let (s, n) = bufs.region(src, esz)?;
@@ -246,8 +257,12 @@ impl<'a> Executor<'a> {
         dtype: DataType,
         op: ReduceOp,
         bufs: Bufs,
+        src: Option<*const u8>,
     ) -> Result<()> {
         if group.len() <= 1 {
+            if let Some(p) = src {
+                std::ptr::copy(p, bufs.work, bufs.work_bytes);
+            }
             return Ok(());
         }
         let esz = dtype.size();
@@ -266,15 +281,10 @@ impl<'a> Executor<'a> {
             let (p, n) = bufs.region(s, esz)?;
             byte_slices.push((p as usize - bufs.work as usize, n));
         }
-        fabric.node_op(
-            mode,
-            dtype,
-            op,
-            bufs.work,
-            &byte_slices,
-            d,
-            &CallDesc::describe_bytes,
-        )
+        match src {
+            Some(p) => fabric.node_op_from(mode, dtype, op, p, bufs.work, &byte_slices, d, &CallDesc::describe_bytes),
+            None => fabric.node_op(mode, dtype, op, bufs.work, &byte_slices, d, &CallDesc::describe_bytes),
+        }
     }
 
     /// Point-to-point: send to one peer and/or receive from one peer, concurrently. Each side

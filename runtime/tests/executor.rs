@@ -236,6 +236,7 @@ fn run_case(
                             work_bytes: w.len(),
                             input: inp.as_ptr(),
                             input_bytes: inp.len(),
+                            src: None,
                         };
                         unsafe { ex.run(&plan, &desc, op, bufs) }.unwrap_or_else(|e| {
                             panic!("{kind} {algo} layout {:?} count {count}: {e}", layout.nodes)

@@ -107,6 +107,32 @@ pub trait NodeFabric: Send {
         desc: &[u8; shm::DESC],
         describe: &dyn Fn(&[u8; shm::DESC]) -> String,
     ) -> crate::Result<()>;
+
+    /// `node_op` with this rank's input read from `src` (same offsets as `work`) rather than
+    /// `work`, for out-of-place calls. The default copies first; fabrics that stage data anyway
+    /// read `src` directly.
+    ///
+    /// # Safety
+    /// `src` valid for reads and `work` for reads and writes over every slice.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn node_op_from(
+        &mut self,
+        mode: shm::NodeMode,
+        dtype: railring_collectives::DataType,
+        op: railring_collectives::ReduceOp,
+        src: *const u8,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+        desc: &[u8; shm::DESC],
+        describe: &dyn Fn(&[u8; shm::DESC]) -> String,
+    ) -> crate::Result<()> {
+        if src != work as *const u8 {
+            for &(o, n) in slices {
+                std::ptr::copy(src.add(o), work.add(o), n);
+            }
+        }
+        self.node_op(mode, dtype, op, work, slices, desc, describe)
+    }
 }
 
 /// Spin briefly, then yield, then sleep: ranks may outnumber cores, and a pure spin-wait turns

@@ -199,6 +199,22 @@ impl Node {
         })
     }
 
+    /// Tell every local rank that this rank abandoned the current collective after an error, so
+    /// peers waiting on it fail at once instead of at the timeout.
+    pub fn abort(&self) {
+        let a: &AtomicU64 = self.at(64);
+        let _ = a.compare_exchange(0, self.ranks[self.me] as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The communicator rank that aborted, if any.
+    pub fn aborted(&self) -> Option<usize> {
+        let a: &AtomicU64 = self.at(64);
+        match a.load(Ordering::Acquire) {
+            0 => None,
+            r => Some(r as usize - 1),
+        }
+    }
+
     /// Is local rank `i` still alive?
     pub fn alive(&self, i: usize) -> bool {
         let pid = self.pid(i).load(Ordering::Acquire);
@@ -272,6 +288,14 @@ impl ShmFabric {
             }
             b.snooze();
             if b.check_due() {
+                if let Some(r) = self.node.aborted().filter(|&r| r != self.rank) {
+                    return Err(Error::PeerDead {
+                        rank: self.rank,
+                        peer: r,
+                        host: self.node.host.clone(),
+                        why: format!("it abandoned an in-node {what} after an error"),
+                    });
+                }
                 if !self.node.alive(j) {
                     return Err(Error::PeerDead {
                         rank: self.rank,
@@ -313,10 +337,35 @@ impl ShmFabric {
         desc: &[u8; DESC],
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
+        self.node_op_from(mode, dtype, op, work, work, slices, desc, describe)
+    }
+
+    /// [`ShmFabric::node_op`] reading this rank's input from `src` (same offsets as `work`)
+    /// instead of `work`: an out-of-place call costs no extra pass over memory.
+    ///
+    /// # Safety
+    /// `src` valid for reads and `work` for reads and writes over every slice.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn node_op_from(
+        &mut self,
+        mode: NodeMode,
+        dtype: DataType,
+        op: ReduceOp,
+        src: *const u8,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
         let l = self.local_size();
         let me = self.node.me;
         let esz = dtype.size();
         if l == 1 {
+            if src != work as *const u8 {
+                for &(o, n) in slices {
+                    std::ptr::copy(src.add(o), work.add(o), n);
+                }
+            }
             return Ok(());
         }
         let slot = self.node.geo.slot_bytes;
@@ -324,7 +373,7 @@ impl ShmFabric {
             let bytes = slices.iter().map(|s| s.1).sum::<usize>();
             let base = slices.first().map(|s| s.0).unwrap_or(0);
             if bytes <= slot {
-                return self.small_allreduce(dtype, op, work.add(base), bytes, desc, describe);
+                return self.small_allreduce(dtype, op, src.add(base), work.add(base), bytes, desc, describe);
             }
         }
         let mode = if let NodeMode::AllReduceSmall = mode {
@@ -365,18 +414,18 @@ impl ShmFabric {
             match mode {
                 NodeMode::AllGather => {
                     let (o, n) = piece(me);
-                    std::ptr::copy_nonoverlapping(work.add(o), mine.add(me * piece_cap), n);
+                    std::ptr::copy_nonoverlapping(src.add(o), mine.add(me * piece_cap), n);
                 }
                 NodeMode::Broadcast { root } => {
                     if me == root {
                         let (o, n) = piece(0);
-                        std::ptr::copy_nonoverlapping(work.add(o), mine, n);
+                        std::ptr::copy_nonoverlapping(src.add(o), mine, n);
                     }
                 }
                 _ => {
                     for j in 0..l {
                         let (o, n) = piece(j);
-                        std::ptr::copy_nonoverlapping(work.add(o), mine.add(j * piece_cap), n);
+                        std::ptr::copy_nonoverlapping(src.add(o), mine.add(j * piece_cap), n);
                     }
                 }
             }
@@ -438,10 +487,12 @@ impl ShmFabric {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn small_allreduce(
         &mut self,
         dtype: DataType,
         op: ReduceOp,
+        src: *const u8,
         work: *mut u8,
         bytes: usize,
         desc: &[u8; DESC],
@@ -456,7 +507,7 @@ impl ShmFabric {
             self.wait_all("reuse of a staging slot", g - 2, |j| self.node.done(j))?;
         }
         std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
-        std::ptr::copy_nonoverlapping(work, self.node.stage(me, s), bytes);
+        std::ptr::copy_nonoverlapping(src, self.node.stage(me, s), bytes);
         self.node.ready(me).store(g, Ordering::Release);
         self.wait_all("all-reduce (waiting for peers' data)", g, |j| {
             self.node.ready(j)
@@ -508,6 +559,19 @@ impl super::NodeFabric for ShmFabric {
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
         ShmFabric::node_op(self, mode, dtype, op, work, slices, desc, describe)
+    }
+    unsafe fn node_op_from(
+        &mut self,
+        mode: NodeMode,
+        dtype: DataType,
+        op: ReduceOp,
+        src: *const u8,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        ShmFabric::node_op_from(self, mode, dtype, op, src, work, slices, desc, describe)
     }
 }
 
@@ -577,6 +641,9 @@ impl Link for ShmLink {
         Ok(n)
     }
     fn check_peer(&self) -> Result<(), LinkError> {
+        if let Some(r) = self.node.aborted().filter(|&r| r != self.node.ranks[self.node.me]) {
+            return Err(LinkError::PeerGone(format!("rank {r} on {} abandoned the collective after an error", self.node.host)));
+        }
         if self.node.alive(self.peer) {
             Ok(())
         } else {

@@ -1,0 +1,230 @@
+//! Test program: runs every collective through `railring::Communicator::init()` and checks every
+//! element of every result against an exact reference (each rank can compute every rank's
+//! input). Modes:
+//!   all            every collective, dtype, op and awkward size; prints "OK rank R"
+//!   allreduce N    one f32 all-reduce of N elements, checked (used by cluster tests)
+//!   mismatch       rank 1 calls all_reduce with another count; prints the error, exits 3
+//!   die-before     rank 1 exits 7 before the collective; the others print their error, exit 3
+//!   stall          rank 1 sleeps instead of calling; the others print their error, exit 3
+use half::{bf16, f16};
+use railring::{Communicator, Element, ReduceOp};
+
+fn val(r: usize, i: usize, op: ReduceOp) -> i64 {
+    if op == ReduceOp::Prod {
+        if (i + r) % 4 == 0 {
+            2
+        } else {
+            1
+        }
+    } else {
+        ((i * 5 + r * 3) % 9 + 1) as i64
+    }
+}
+
+fn reference(n: usize, i: usize, op: ReduceOp) -> i64 {
+    let v: Vec<i64> = (0..n).map(|r| val(r, i, op)).collect();
+    match op {
+        ReduceOp::Sum => v.iter().sum(),
+        ReduceOp::Avg => v.iter().sum::<i64>(), // divided by the caller per type
+        ReduceOp::Prod => v.iter().product(),
+        ReduceOp::Min => *v.iter().min().unwrap(),
+        ReduceOp::Max => *v.iter().max().unwrap(),
+    }
+}
+
+fn avg<T: Element>(sum: i64, n: usize) -> T {
+    if T::DTYPE.is_float() {
+        // the same computation the library does: one division of the exact sum
+        let s = T::from_i64(sum);
+        let mut b = [s];
+        railring_collectives::kernels::finish_avg(T::DTYPE, railring_collectives::as_bytes_mut(&mut b), n);
+        b[0]
+    } else {
+        T::from_i64(sum / n as i64)
+    }
+}
+
+fn expect<T: Element>(n: usize, i: usize, op: ReduceOp) -> T {
+    let r = reference(n, i, op);
+    if op == ReduceOp::Avg {
+        avg::<T>(r, n)
+    } else {
+        T::from_i64(r)
+    }
+}
+
+fn check<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> Option<T>) {
+    for (i, g) in got.iter().enumerate() {
+        if let Some(w) = want(i) {
+            if *g != w {
+                eprintln!("WRONG {what}: element {i}: got {g:?}, expected {w:?}");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
+    let (n, me) = (c.size(), c.rank());
+    let ty = T::DTYPE;
+    for &count in sizes {
+        for op in ReduceOp::ALL {
+            let input: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
+            let mut buf = input.clone();
+            c.all_reduce(&mut buf, op).unwrap();
+            check(&format!("all_reduce {ty} {op} {count}"), &buf, |i| Some(expect::<T>(n, i, op)));
+            let mut out = vec![T::default(); count];
+            c.all_reduce_into(&input, &mut out, op).unwrap();
+            check(&format!("all_reduce_into {ty} {op} {count}"), &out, |i| Some(expect::<T>(n, i, op)));
+            // reduce-scatter: count per block
+            let rs_in: Vec<T> = (0..count * n).map(|i| T::from_i64(val(me, i, op))).collect();
+            let mut rs_out = vec![T::default(); count];
+            c.reduce_scatter(&rs_in, &mut rs_out, op).unwrap();
+            check(&format!("reduce_scatter {ty} {op} {count}"), &rs_out, |i| Some(expect::<T>(n, me * count + i, op)));
+            for root in [0, n - 1] {
+                let mut red = vec![T::default(); count];
+                c.reduce(&input, &mut red, op, root).unwrap();
+                if me == root {
+                    check(&format!("reduce {ty} {op} {count} root {root}"), &red, |i| Some(expect::<T>(n, i, op)));
+                }
+            }
+        }
+        let op = ReduceOp::Sum;
+        // all-gather
+        let mine: Vec<T> = (0..count).map(|i| T::from_i64(val(me, me * count + i, op))).collect();
+        let mut all = vec![T::default(); count * n];
+        c.all_gather(&mine, &mut all).unwrap();
+        check(&format!("all_gather {ty} {count}"), &all, |i| Some(T::from_i64(val(i / count, i, op))));
+        // broadcast from every root
+        for root in 0..n {
+            let mut b: Vec<T> = if me == root { (0..count).map(|i| T::from_i64(val(root, i, op))).collect() } else { vec![T::default(); count] };
+            c.broadcast(&mut b, root).unwrap();
+            check(&format!("broadcast {ty} {count} root {root}"), &b, |i| Some(T::from_i64(val(root, i, op))));
+        }
+        // all-to-all: block j of rank r holds val(r, j*count + t)
+        let a2a_in: Vec<T> = (0..count * n).map(|i| T::from_i64(val(me, i, op))).collect();
+        let mut a2a_out = vec![T::default(); count * n];
+        c.all_to_all(&a2a_in, &mut a2a_out).unwrap();
+        check(&format!("all_to_all {ty} {count}"), &a2a_out, |i| Some(T::from_i64(val(i / count.max(1), me * count + i % count.max(1), op))));
+        // send/recv around the ring, and send_recv
+        let next = (me + 1) % n;
+        let prev = (me + n - 1) % n;
+        let s: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
+        let mut r = vec![T::default(); count];
+        c.send_recv(&s, next, &mut r, prev).unwrap();
+        check(&format!("send_recv {ty} {count}"), &r, |i| Some(T::from_i64(val(prev, i, op))));
+        if n > 1 {
+            if me % 2 == 0 {
+                if next != me {
+                    c.send(&s, next).unwrap();
+                }
+                c.recv(&mut r, prev).unwrap();
+            } else {
+                c.recv(&mut r, prev).unwrap();
+                c.send(&s, next).unwrap();
+            }
+            check(&format!("send/recv {ty} {count}"), &r, |i| Some(T::from_i64(val(prev, i, op))));
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map(String::as_str).unwrap_or("all");
+    let c = match Communicator::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("init failed: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (n, me) = (c.size(), c.rank());
+    match mode {
+        "all" => {
+            let sizes = [0usize, 1, n.saturating_sub(1).max(1), n + 1, 13, 1000, 70_001];
+            suite::<f32>(&c, &sizes);
+            suite::<i32>(&c, &[0, 1, 7, 1000]);
+            suite::<f16>(&c, &[1, 7, 1000]);
+            suite::<bf16>(&c, &[1, 7, 1000]);
+            suite::<f64>(&c, &[3, 1000]);
+            suite::<i8>(&c, &[5, 300]);
+            suite::<u8>(&c, &[5, 300]);
+            suite::<u32>(&c, &[5]);
+            suite::<i64>(&c, &[5]);
+            suite::<u64>(&c, &[5, 70_001]);
+            // non-blocking: several in flight, computing meanwhile, waited in order
+            let ops: Vec<_> = (0..4).map(|k| c.all_reduce_start((0..1000 + k).map(|i| val(me, i, ReduceOp::Sum) as f32).collect::<Vec<f32>>(), ReduceOp::Sum)).collect();
+            let mut busy = 0u64;
+            for i in 0..100_000u64 {
+                busy = busy.wrapping_add(i * i);
+            }
+            std::hint::black_box(busy);
+            for (k, p) in ops.into_iter().enumerate() {
+                let b = p.wait().unwrap();
+                assert_eq!(b.len(), 1000 + k);
+                check("all_reduce_start", &b, |i| Some(expect::<f32>(n, i, ReduceOp::Sum)));
+            }
+            c.barrier().unwrap();
+            c.barrier_start().wait().unwrap();
+            // split: even and odd ranks, reversed order by key
+            let sub = c.split(Some((me % 2) as u32), -(me as i64)).unwrap().expect("member");
+            let members: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).rev().collect();
+            assert_eq!(sub.size(), members.len());
+            assert_eq!(members[sub.rank()], me);
+            let mut b: Vec<f32> = vec![me as f32 + 1.0; 777];
+            sub.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+            let want: f32 = members.iter().map(|&r| r as f32 + 1.0).sum();
+            check("split all_reduce", &b, |_| Some(want));
+            let none = c.split(if me == 0 { None } else { Some(0) }, 0).unwrap();
+            assert_eq!(none.is_none(), me == 0);
+            println!("OK rank {me} of {n} (node {}/{}, local {}/{})", c.node(), c.nnodes(), c.local_rank(), c.local_size());
+        }
+        "allreduce" => {
+            let count: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 20);
+            let mut b: Vec<f32> = (0..count).map(|i| val(me, i, ReduceOp::Sum) as f32).collect();
+            for _ in 0..3 {
+                b = (0..count).map(|i| val(me, i, ReduceOp::Sum) as f32).collect();
+                c.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+            }
+            check("allreduce", &b, |i| Some(expect::<f32>(n, i, ReduceOp::Sum)));
+            let (rail, name) = c.rail();
+            println!("OK rank {me} of {n} node {} local {} rail {rail} {} net_bytes {}", c.node(), c.local_rank(), name.unwrap_or_default(), c.net_bytes_sent());
+        }
+        "mismatch" => {
+            let count = if me == 1 { 20 } else { 10 };
+            let mut b = vec![1.0f32; count];
+            match c.all_reduce(&mut b, ReduceOp::Sum) {
+                Ok(()) => println!("rank {me}: no error"),
+                Err(e) => {
+                    println!("rank {me}: ERROR {e}");
+                    std::process::exit(3);
+                }
+            }
+        }
+        "die-before" | "stall" => {
+            let mut b = vec![1.0f32; 1 << 16];
+            c.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+            println!("rank {me}: warm");
+            if me == 1 {
+                if mode == "die-before" {
+                    std::process::exit(7);
+                }
+                // stall well past the peers' RAILRING_TIMEOUT, then leave quietly
+                std::thread::sleep(std::time::Duration::from_secs(8));
+                return;
+            }
+            let t = std::time::Instant::now();
+            match c.all_reduce(&mut b, ReduceOp::Sum) {
+                Ok(()) => println!("rank {me}: no error"),
+                Err(e) => {
+                    println!("rank {me}: ERROR after {:.1}s: {e}", t.elapsed().as_secs_f64());
+                    std::process::exit(3);
+                }
+            }
+        }
+        m => {
+            eprintln!("unknown mode {m}");
+            std::process::exit(2);
+        }
+    }
+}
