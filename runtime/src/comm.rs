@@ -1129,15 +1129,22 @@ impl Inner {
         }
     }
 
-    /// After a failed call: tell the peers (shm abort word, closed connections, the store's abort
-    /// record) so nobody waits for this rank until a timeout, and add the first failure reported
-    /// by any rank to the error when it names someone else (the root cause of a cascade).
-    fn fail(&mut self, e: Error) -> Error {
+    fn abort_peers(&mut self) {
         if let Some(n) = &self.links.node {
             n.abort();
         }
         self.links.map.clear();
-        let Some(store) = self.store.clone() else { return e };
+    }
+
+    /// After a failed call: tell the peers (shm abort word, closed connections, the store's abort
+    /// record) so nobody waits for this rank until a timeout, and add the first failure reported
+    /// by any rank to the error when it names someone else (the root cause of a cascade).
+    fn fail(&mut self, e: Error) -> Error {
+        // Record first, then tell the peers: a peer that reacts to our abort finds the record.
+        let Some(store) = self.store.clone() else {
+            self.abort_peers();
+            return e;
+        };
         let key = format!("c{:x}/abort", self.comm);
         let first = match store.check(std::slice::from_ref(&key)) {
             Ok(p) if p.first() == Some(&true) => store.get(&key, Duration::from_secs(1)).ok().map(|v| String::from_utf8_lossy(&v).into_owned()),
@@ -1147,6 +1154,7 @@ impl Inner {
             }
             Err(_) => None,
         };
+        self.abort_peers();
         match (first, e) {
             (Some(f), Error::PeerDead { rank, peer, host, why }) if !f.starts_with(&format!("rank {}:", self.rank)) => {
                 Error::PeerDead { rank, peer, host, why: format!("{why}; first failure reported: {f}") }

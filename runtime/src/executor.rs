@@ -480,6 +480,18 @@ impl<'a> Executor<'a> {
                     })
                     .collect();
                 libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 100);
+            } else if b.waited() > Duration::from_micros(20) {
+                // A shared-memory link sleeps on its node's bell (woken by the peer's next
+                // store); with a TCP link also pending, only briefly, then poll again.
+                let short = if fds.is_empty() { Duration::from_millis(5) } else { Duration::from_micros(200) };
+                let parked = match (s_done, r_done) {
+                    (false, _) if sl.is_some_and(|l| (*l).poll_fd().is_none()) => sl.is_some_and(|l| (*l).park(true, !r_done && rl == sl, short)),
+                    (_, false) if rl.is_some_and(|l| (*l).poll_fd().is_none()) => rl.is_some_and(|l| (*l).park(false, true, short)),
+                    _ => false,
+                };
+                if !parked {
+                    b.snooze();
+                }
             } else {
                 b.snooze();
             }

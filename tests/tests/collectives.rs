@@ -15,14 +15,7 @@ fn bin(name: &str) -> String {
 }
 
 fn railrun() -> String {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
-    let path = format!("{root}/target/debug/railrun");
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let st = Command::new(env!("CARGO")).args(["build", "-q", "-p", "railrun"]).current_dir(root).status().expect("cargo build railrun");
-        assert!(st.success());
-    });
-    std::env::var("RAILRUN_BIN").unwrap_or(path)
+    railring_tests::bins::railrun().to_string_lossy().into_owned()
 }
 
 struct Out {

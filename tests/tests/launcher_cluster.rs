@@ -13,36 +13,9 @@ use railring_tests::cluster::{Cluster, ClusterSpec};
 
 const TESTPROG: &str = env!("CARGO_BIN_EXE_rr-testprog");
 
-/// The railrun binary under test (built with `cargo build -p railrun` on first use, into this
-/// test's target directory; `RAILRUN_BIN` overrides).
+/// The railrun binary under test.
 fn railrun_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("RAILRUN_BIN") {
-            return PathBuf::from(p);
-        }
-        let dir = Path::new(TESTPROG).parent().expect("bin dir").to_path_buf();
-        let target = dir.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var("CARGO").ok().or(option_env!("CARGO").map(String::from)).unwrap_or_else(|| "cargo".into());
-        let mut c = Command::new(cargo);
-        c.arg("build")
-            .arg("--manifest-path")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
-            .args(["-p", "railrun", "--bin", "railrun", "--target-dir"])
-            .arg(&target);
-        match dir.file_name().and_then(|s| s.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                c.arg("--release");
-            }
-            Some(other) => {
-                c.args(["--profile", other]);
-            }
-        }
-        let st = c.status().expect("run cargo build -p railrun");
-        assert!(st.success(), "cargo build -p railrun failed");
-        dir.join("railrun")
-    })
+    railring_tests::bins::railrun()
 }
 
 fn up(test: &str, hosts: usize) -> Option<Cluster> {

@@ -14,6 +14,10 @@
 pub mod mem;
 pub mod shm;
 pub mod tcp;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
@@ -82,6 +86,12 @@ pub trait Link: Send {
     }
     /// Bytes sent so far (for counters and tests).
     fn bytes_sent(&self) -> u64;
+    /// Sleep until this link may progress (space to send if `send`, data to receive if `recv`)
+    /// or `timeout` passes. Returns false when the link cannot sleep this way (poll its fd, or
+    /// back off, instead).
+    fn park(&self, _send: bool, _recv: bool, _timeout: Duration) -> bool {
+        false
+    }
 }
 
 /// An in-node collective engine: the shared-memory fabric on CPU hosts; a CUDA IPC / NVLink

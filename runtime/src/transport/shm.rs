@@ -13,7 +13,7 @@
 //! slots are sized to stay in the last-level cache, so the memory traffic that reaches DRAM is
 //! about one read and one write of the user's buffer per rank.
 
-use super::{Backoff, Link, LinkError};
+use super::{Link, LinkError};
 use crate::error::{Error, Result};
 use railring_collectives::kernels;
 use railring_collectives::{DataType, ReduceOp};
@@ -22,7 +22,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const MAGIC: u64 = 0x5241_494c_5348_4d31; // "RAILSHM1"
 const HDR: usize = 4096;
@@ -199,11 +199,46 @@ impl Node {
         })
     }
 
+    fn bell(&self) -> &AtomicU32 {
+        self.at(128)
+    }
+    fn sleepers(&self) -> &AtomicU32 {
+        self.at(192)
+    }
+
+    /// Publish a flag store: wake ranks sleeping on the bell (a futex shared by the node's
+    /// processes). Costs one atomic add when nobody sleeps.
+    pub fn ring_bell(&self) {
+        self.bell().fetch_add(1, Ordering::SeqCst);
+        if self.sleepers().load(Ordering::SeqCst) > 0 {
+            // SAFETY: FUTEX_WAKE on a 4-byte aligned word inside the shared mapping.
+            unsafe {
+                libc::syscall(libc::SYS_futex, self.bell() as *const AtomicU32, libc::FUTEX_WAKE, i32::MAX, 0, 0, 0);
+            }
+        }
+    }
+
+    /// Sleep until the bell rings or `timeout` passes, unless `ready()` already holds.
+    pub fn park(&self, ready: impl Fn() -> bool, timeout: Duration) {
+        self.sleepers().fetch_add(1, Ordering::SeqCst);
+        let seen = self.bell().load(Ordering::SeqCst);
+        if !ready() {
+            let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+            // SAFETY: FUTEX_WAIT on a word inside the shared mapping, with a relative timeout;
+            // returns at once if the bell already moved past `seen`.
+            unsafe {
+                libc::syscall(libc::SYS_futex, self.bell() as *const AtomicU32, libc::FUTEX_WAIT, seen, &ts as *const libc::timespec, 0, 0);
+            }
+        }
+        self.sleepers().fetch_sub(1, Ordering::SeqCst);
+    }
+
     /// Tell every local rank that this rank abandoned the current collective after an error, so
     /// peers waiting on it fail at once instead of at the timeout.
     pub fn abort(&self) {
         let a: &AtomicU64 = self.at(64);
         let _ = a.compare_exchange(0, self.ranks[self.me] as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
+        self.ring_bell();
     }
 
     /// The communicator rank that aborted, if any.
@@ -248,6 +283,9 @@ pub struct ShmFabric {
     gen: u64,
     pub timeout: Duration,
     pub rank: usize,
+    /// Spins, then yields, before sleeping on the bell; short when ranks outnumber CPUs.
+    spin_limit: u32,
+    yield_limit: u32,
 }
 
 /// What to call a local index in errors.
@@ -258,12 +296,10 @@ fn who(node: &Node, i: usize) -> usize {
 impl ShmFabric {
     pub fn new(node: Arc<Node>, timeout: Duration) -> ShmFabric {
         let rank = node.ranks[node.me];
-        ShmFabric {
-            node,
-            gen: 0,
-            timeout,
-            rank,
-        }
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let oversubscribed = node.geo.local_size > cpus;
+        let (spin_limit, yield_limit) = if oversubscribed { (64, 4) } else { (20_000, 200) };
+        ShmFabric { node, gen: 0, timeout, rank, spin_limit, yield_limit }
     }
 
     pub fn local_size(&self) -> usize {
@@ -278,47 +314,63 @@ impl ShmFabric {
         flag: impl Fn(usize) -> &'a AtomicU64,
     ) -> Result<()> {
         let l = self.local_size();
-        let mut b = Backoff::new();
         let mut j = 0;
-        while j < l {
-            if flag(j).load(Ordering::Acquire) >= target {
+        let mut spins = 0u32;
+        let mut since = Instant::now();
+        let mut checked = Instant::now();
+        loop {
+            while j < l && flag(j).load(Ordering::Acquire) >= target {
                 j += 1;
-                b.reset();
+                since = Instant::now();
+            }
+            if j == l {
+                return Ok(());
+            }
+            // Spin briefly, yield a little, then sleep on the node's futex bell until a peer
+            // stores a flag (ranks may outnumber cores: spinning would starve the peer we wait for).
+            spins += 1;
+            if spins < self.spin_limit {
+                std::hint::spin_loop();
                 continue;
             }
-            b.snooze();
-            if b.check_due() {
-                if let Some(r) = self.node.aborted().filter(|&r| r != self.rank) {
-                    return Err(Error::PeerDead {
-                        rank: self.rank,
-                        peer: r,
-                        host: self.node.host.clone(),
-                        why: format!("it abandoned an in-node {what} after an error"),
-                    });
-                }
-                if !self.node.alive(j) {
-                    return Err(Error::PeerDead {
-                        rank: self.rank,
-                        peer: who(&self.node, j),
-                        host: self.node.host.clone(),
-                        why: format!("its process exited during an in-node {what}"),
-                    });
-                }
-                if b.waited() > self.timeout {
-                    let waiting = (0..l)
-                        .filter(|&k| flag(k).load(Ordering::Acquire) < target)
-                        .map(|k| who(&self.node, k))
-                        .collect();
-                    return Err(Error::Timeout {
-                        rank: self.rank,
-                        secs: self.timeout.as_secs(),
-                        waiting,
-                        what: format!("in-node {what}"),
-                    });
-                }
+            if spins < self.spin_limit + self.yield_limit {
+                std::thread::yield_now();
+                continue;
+            }
+            self.node.park(|| flag(j).load(Ordering::SeqCst) >= target, Duration::from_millis(20));
+            if checked.elapsed() < Duration::from_millis(50) {
+                continue;
+            }
+            checked = Instant::now();
+            if let Some(r) = self.node.aborted().filter(|&r| r != self.rank) {
+                return Err(Error::PeerDead {
+                    rank: self.rank,
+                    peer: r,
+                    host: self.node.host.clone(),
+                    why: format!("it abandoned an in-node {what} after an error"),
+                });
+            }
+            if !self.node.alive(j) {
+                return Err(Error::PeerDead {
+                    rank: self.rank,
+                    peer: who(&self.node, j),
+                    host: self.node.host.clone(),
+                    why: format!("its process exited during an in-node {what}"),
+                });
+            }
+            if since.elapsed() > self.timeout {
+                let waiting = (0..l)
+                    .filter(|&k| flag(k).load(Ordering::Acquire) < target)
+                    .map(|k| who(&self.node, k))
+                    .collect();
+                return Err(Error::Timeout {
+                    rank: self.rank,
+                    secs: self.timeout.as_secs(),
+                    waiting,
+                    what: format!("in-node {what}"),
+                });
             }
         }
-        Ok(())
     }
 
     /// Run one in-node collective (see [`super::NodeFabric::node_op`]). `work` is this rank's buffer; `slices[i]` = (byte offset,
@@ -430,6 +482,7 @@ impl ShmFabric {
                 }
             }
             self.node.ready(me).store(g, Ordering::Release);
+            self.node.ring_bell();
             self.wait_all("collective (waiting for peers' data)", g, |j| {
                 self.node.ready(j)
             })?;
@@ -451,6 +504,7 @@ impl ShmFabric {
                     if mode == NodeMode::AllReduce {
                         fence(Ordering::Release);
                         self.node.reduced(me).store(g, Ordering::Release);
+            self.node.ring_bell();
                         self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
                             self.node.reduced(j)
                         })?;
@@ -483,6 +537,7 @@ impl ShmFabric {
                 NodeMode::AllReduceSmall => unreachable!("rewritten above"),
             }
             self.node.done(me).store(g, Ordering::Release);
+            self.node.ring_bell();
         }
         Ok(())
     }
@@ -509,6 +564,7 @@ impl ShmFabric {
         std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
         std::ptr::copy_nonoverlapping(src, self.node.stage(me, s), bytes);
         self.node.ready(me).store(g, Ordering::Release);
+            self.node.ring_bell();
         self.wait_all("all-reduce (waiting for peers' data)", g, |j| {
             self.node.ready(j)
         })?;
@@ -516,6 +572,7 @@ impl ShmFabric {
         let srcs: Vec<*const u8> = (0..l).map(|j| self.node.stage(j, s) as *const u8).collect();
         kernels::reduce_many_raw(dtype, op, work, &srcs, bytes);
         self.node.done(me).store(g, Ordering::Release);
+            self.node.ring_bell();
         Ok(())
     }
 
@@ -618,6 +675,7 @@ impl Link for ShmLink {
             std::ptr::copy_nonoverlapping(data.as_ptr().add(first), buf, n - first);
         }
         head.store(h + n as u64, Ordering::Release);
+        self.node.ring_bell();
         self.sent += n as u64;
         Ok(n)
     }
@@ -638,6 +696,7 @@ impl Link for ShmLink {
             std::ptr::copy_nonoverlapping(buf, out.as_mut_ptr().add(first), n - first);
         }
         tail.store(t + n as u64, Ordering::Release);
+        self.node.ring_bell();
         Ok(n)
     }
     fn check_peer(&self) -> Result<(), LinkError> {
@@ -655,6 +714,18 @@ impl Link for ShmLink {
     }
     fn bytes_sent(&self) -> u64 {
         self.sent
+    }
+    fn park(&self, send: bool, recv: bool, timeout: Duration) -> bool {
+        let cap = self.node.geo.ring_bytes as u64;
+        let ready = || {
+            let (h, t, _) = self.node.ring(self.node.me, self.peer);
+            let can_send = send && h.load(Ordering::SeqCst) - t.load(Ordering::SeqCst) < cap;
+            let (h2, t2, _) = self.node.ring(self.peer, self.node.me);
+            let can_recv = recv && h2.load(Ordering::SeqCst) != t2.load(Ordering::SeqCst);
+            can_send || can_recv || self.node.aborted().is_some()
+        };
+        self.node.park(ready, timeout);
+        true
     }
 }
 
