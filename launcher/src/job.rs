@@ -84,6 +84,129 @@ pub fn resolve_program(name: &str) -> Result<PathBuf, String> {
     ))
 }
 
+/// How railrun starts the agent of a remote node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentLauncher {
+    /// `ssh [opts] HOST 'exec railrun --agent'` (`--ssh` / `RAILRUN_SSH`).
+    Ssh,
+    /// `srun --nodes=1 --ntasks=1 --nodelist=HOST --overlap ... railrun --agent`, a one-task job
+    /// step of the current Slurm allocation on that node (this srun binary).
+    Srun(PathBuf),
+}
+
+/// Is a Slurm node list in the environment (what makes the host source the allocation when
+/// neither `--hostfile` nor `-H` is given; see [`hosts::resolve_hosts`])?
+pub fn slurm_nodelist_set(env: &dyn Fn(&str) -> Option<String>) -> bool {
+    ["SLURM_JOB_NODELIST", "SLURM_NODELIST"].iter().any(|v| env(v).is_some_and(|s| !s.trim().is_empty()))
+}
+
+/// `name` in `$PATH` (an executable regular file), as an absolute path.
+pub fn find_in_path(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = env("PATH")?;
+    std::env::split_paths(&path).filter(|d| d.is_absolute()).map(|d| d.join(name)).find(|c| {
+        std::fs::metadata(c).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+    })
+}
+
+/// Choose how to start remote agents. `RAILRUN_LAUNCHER=ssh|srun` decides when set; otherwise
+/// srun when the hosts come from the Slurm allocation (`slurm_hosts`), the allocation is ours
+/// (`SLURM_JOB_ID`), `srun` is on `$PATH` and no `--ssh` was given on the command line; else ssh.
+pub fn choose_agent_launcher(
+    slurm_hosts: bool,
+    ssh_flag: bool,
+    env: &dyn Fn(&str) -> Option<String>,
+    find: &dyn Fn(&str) -> Option<PathBuf>,
+) -> Result<AgentLauncher, String> {
+    let in_allocation = env("SLURM_JOB_ID").is_some_and(|s| !s.trim().is_empty());
+    match env("RAILRUN_LAUNCHER").map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("") | Some("auto") => {
+            if slurm_hosts && in_allocation && !ssh_flag {
+                if let Some(p) = find("srun") {
+                    return Ok(AgentLauncher::Srun(p));
+                }
+            }
+            Ok(AgentLauncher::Ssh)
+        }
+        Some("ssh") => Ok(AgentLauncher::Ssh),
+        Some("srun") => {
+            if !in_allocation {
+                return Err("RAILRUN_LAUNCHER=srun: not inside a Slurm allocation (SLURM_JOB_ID is not set); \
+                            run railrun from salloc or sbatch, or use RAILRUN_LAUNCHER=ssh"
+                    .into());
+            }
+            find("srun").map(AgentLauncher::Srun).ok_or_else(|| "RAILRUN_LAUNCHER=srun: `srun` is not in $PATH".to_string())
+        }
+        Some(_) => Err(format!(
+            "RAILRUN_LAUNCHER=`{}`: expected ssh, srun or auto",
+            env("RAILRUN_LAUNCHER").unwrap_or_default().chars().take(64).collect::<String>()
+        )),
+    }
+}
+
+/// The command line that starts one node's agent. For ssh: the remote shell words, batch mode,
+/// the connect timeout, `[user@]host` and `exec AGENT --agent`. For srun (Slurm 22.05 or later,
+/// for `--overlap` sharing every resource): a one-task step on that node, unbuffered so the
+/// binary frames flow as written (22.05 gives the task a raw pty for stdout; stdin stays a
+/// pipe), not bound to CPUs, without MPI setup, killed with the step on a bad exit.
+pub fn agent_argv(
+    launcher: &AgentLauncher,
+    ssh: &[String],
+    connect_timeout: Duration,
+    user: Option<&str>,
+    host: &str,
+    agent_path: &str,
+    verbose: u8,
+) -> Vec<String> {
+    match launcher {
+        AgentLauncher::Ssh => {
+            let mut remote_cmd = format!("exec {} --agent", crate::cli::shell_quote(agent_path));
+            if verbose > 1 {
+                remote_cmd.push_str(" -v");
+            }
+            let target = match user {
+                Some(u) => format!("{u}@{host}"),
+                None => host.to_string(),
+            };
+            let mut v: Vec<String> = ssh.to_vec();
+            if v.is_empty() {
+                v.push("ssh".into());
+            }
+            v.extend([
+                "-o".into(),
+                "BatchMode=yes".into(),
+                "-o".into(),
+                format!("ConnectTimeout={}", connect_timeout.as_secs().max(1)),
+                target,
+                remote_cmd,
+            ]);
+            v
+        }
+        AgentLauncher::Srun(srun) => {
+            let mut v: Vec<String> = vec![
+                srun.to_string_lossy().into_owned(),
+                "--nodes=1".into(),
+                "--ntasks=1".into(),
+                "--ntasks-per-node=1".into(),
+                format!("--nodelist={host}"),
+                "--overlap".into(),
+                "--export=ALL".into(),
+                "--kill-on-bad-exit=1".into(),
+                "--unbuffered".into(),
+                "--cpu-bind=none".into(),
+                "--mpi=none".into(),
+                "--job-name=railrun-agent".into(),
+                agent_path.to_string(),
+                "--agent".into(),
+            ];
+            if verbose > 1 {
+                v.push("-v".into());
+            }
+            v
+        }
+    }
+}
+
 /// A short unique job id, `[a-z0-9]{10}`.
 pub fn new_job_id() -> String {
     let mut b = [0u8; 10];
@@ -413,10 +536,25 @@ impl<'a> Job<'a> {
         exe.to_str().map(String::from).ok_or_else(|| format!("railrun's path {} is not UTF-8 (use --launch-agent)", exe.display()))
     }
 
-    /// Start one SSH connection per remote node, in parallel, and wait for every agent's Hello.
+    /// Start one agent per remote node (over ssh, or `srun` inside a Slurm allocation), in
+    /// parallel, and wait for every agent's Hello.
     /// False when the job cannot go on (the failure is recorded and reported).
     fn connect_agents(&mut self) -> bool {
-        let (ssh, agent_path) = match (self.ssh_argv(), self.agent_path()) {
+        let env = |k: &str| std::env::var(k).ok();
+        let slurm_hosts = self.opts.hostfile.is_none() && self.opts.hosts.is_none() && slurm_nodelist_set(&env);
+        let launcher = match choose_agent_launcher(slurm_hosts, self.opts.ssh.is_some(), &env, &|n: &str| find_in_path(n, &env)) {
+            Ok(l) => l,
+            Err(e) => {
+                self.say(&e);
+                self.failure = Some(Failure { code: EXIT_CONFIG });
+                return false;
+            }
+        };
+        let ssh = match &launcher {
+            AgentLauncher::Ssh => self.ssh_argv(),
+            AgentLauncher::Srun(_) => Ok(Vec::new()),
+        };
+        let (ssh, agent_path) = match (ssh, self.agent_path()) {
             (Ok(s), Ok(p)) => (s, p),
             (Err(e), _) | (_, Err(e)) => {
                 self.say(&e);
@@ -425,30 +563,17 @@ impl<'a> Job<'a> {
             }
         };
         let ct = self.opts.connect_timeout;
-        let mut remote_cmd = format!("exec {} --agent", crate::cli::shell_quote(&agent_path));
-        if self.opts.verbose > 1 {
-            remote_cmd.push_str(" -v");
+        if let AgentLauncher::Srun(p) = &launcher {
+            self.vlog(&format!("starting the agents with {} (Slurm allocation {})", p.display(), env("SLURM_JOB_ID").unwrap_or_default()));
         }
         for ni in 0..self.nodes.len() {
             if self.nodes[ni].local {
                 continue;
             }
             let node = &self.nodes[ni];
-            let target = match &node.user {
-                Some(u) => format!("{u}@{}", node.host),
-                None => node.host.clone(),
-            };
-            let mut cmd = Command::new(&ssh[0]);
-            cmd.args(&ssh[1..])
-                .arg("-o")
-                .arg("BatchMode=yes")
-                .arg("-o")
-                .arg(format!("ConnectTimeout={}", ct.as_secs().max(1)))
-                .arg(&target)
-                .arg(&remote_cmd)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            let argv = agent_argv(&launcher, &ssh, ct, node.user.as_deref(), &node.host, &agent_path, self.opts.verbose);
+            let mut cmd = Command::new(&argv[0]);
+            cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
             // SAFETY: async-signal-safe calls only. Own session: a Ctrl-C on the terminal reaches
             // railrun alone, which then stops the job in order. PDEATHSIG: if railrun dies, ssh
             // dies, the agent sees its stdin close and kills its ranks.
@@ -473,7 +598,7 @@ impl<'a> Job<'a> {
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(e) => {
-                    self.fail(EXIT_AGENT, format!("cannot run the remote shell `{}` for host {}: {e}", ssh[0], node.host));
+                    self.fail(EXIT_AGENT, format!("cannot run the remote shell `{}` for host {}: {e}", argv[0], node.host));
                     return false;
                 }
             };
@@ -1178,6 +1303,88 @@ mod tests {
         assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
         let e = resolve_program("railrun-no-such-program").unwrap_err();
         assert!(e.contains("railrun-no-such-program") && e.contains("not found"), "{e}");
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: std::collections::HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn agent_launcher_choice() {
+        let srun = PathBuf::from("/opt/slurm/bin/srun");
+        let found = |_: &str| Some(PathBuf::from("/opt/slurm/bin/srun"));
+        let missing = |_: &str| None;
+        let alloc = env_of(&[("SLURM_JOB_ID", "42"), ("SLURM_JOB_NODELIST", "n[1-2]")]);
+        assert_eq!(choose_agent_launcher(true, false, &alloc, &found), Ok(AgentLauncher::Srun(srun.clone())));
+        // Not the allocation's hosts, no srun, --ssh given, or no allocation: ssh.
+        assert_eq!(choose_agent_launcher(false, false, &alloc, &found), Ok(AgentLauncher::Ssh));
+        assert_eq!(choose_agent_launcher(true, false, &alloc, &missing), Ok(AgentLauncher::Ssh));
+        assert_eq!(choose_agent_launcher(true, true, &alloc, &found), Ok(AgentLauncher::Ssh));
+        assert_eq!(choose_agent_launcher(true, false, &env_of(&[("SLURM_NODELIST", "a")]), &found), Ok(AgentLauncher::Ssh));
+        // RAILRUN_LAUNCHER overrides.
+        let e = env_of(&[("SLURM_JOB_ID", "42"), ("RAILRUN_LAUNCHER", "ssh")]);
+        assert_eq!(choose_agent_launcher(true, false, &e, &found), Ok(AgentLauncher::Ssh));
+        let e = env_of(&[("SLURM_JOB_ID", "42"), ("RAILRUN_LAUNCHER", " SRUN ")]);
+        assert_eq!(choose_agent_launcher(false, true, &e, &found), Ok(AgentLauncher::Srun(srun)));
+        let err = choose_agent_launcher(true, false, &e, &missing).unwrap_err();
+        assert!(err.contains("RAILRUN_LAUNCHER") && err.contains("PATH"), "{err}");
+        let err = choose_agent_launcher(true, false, &env_of(&[("RAILRUN_LAUNCHER", "srun")]), &found).unwrap_err();
+        assert!(err.contains("SLURM_JOB_ID"), "{err}");
+        let err = choose_agent_launcher(true, false, &env_of(&[("RAILRUN_LAUNCHER", "pbs")]), &found).unwrap_err();
+        assert!(err.contains("RAILRUN_LAUNCHER") && err.contains("pbs"), "{err}");
+        assert_eq!(choose_agent_launcher(true, false, &env_of(&[("RAILRUN_LAUNCHER", "auto")]), &found), Ok(AgentLauncher::Ssh));
+    }
+
+    #[test]
+    fn agent_command_lines() {
+        let ct = Duration::from_secs(15);
+        let srun = AgentLauncher::Srun(PathBuf::from("/usr/bin/srun"));
+        let v = agent_argv(&srun, &[], ct, Some("ignored"), "n2", "/opt/rr/railrun", 0);
+        assert_eq!(
+            v,
+            [
+                "/usr/bin/srun",
+                "--nodes=1",
+                "--ntasks=1",
+                "--ntasks-per-node=1",
+                "--nodelist=n2",
+                "--overlap",
+                "--export=ALL",
+                "--kill-on-bad-exit=1",
+                "--unbuffered",
+                "--cpu-bind=none",
+                "--mpi=none",
+                "--job-name=railrun-agent",
+                "/opt/rr/railrun",
+                "--agent",
+            ]
+        );
+        let v = agent_argv(&srun, &[], ct, None, "n2", "/a b/railrun", 2);
+        assert_eq!(&v[v.len() - 3..], ["/a b/railrun", "--agent", "-v"], "srun passes argv, no shell quoting");
+
+        let ssh = vec!["ssh".to_string(), "-F".into(), "/tmp/cfg".into()];
+        let v = agent_argv(&AgentLauncher::Ssh, &ssh, ct, Some("bob"), "n1", "/opt/rr/railrun", 0);
+        assert_eq!(
+            v,
+            ["ssh", "-F", "/tmp/cfg", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "bob@n1", "exec /opt/rr/railrun --agent"]
+        );
+        let v = agent_argv(&AgentLauncher::Ssh, &[], Duration::from_millis(10), None, "n1", "/a b/railrun", 2);
+        assert_eq!(v[0], "ssh");
+        assert_eq!(v[4], "ConnectTimeout=1");
+        assert_eq!(v[5], "n1");
+        assert_eq!(v[6], format!("exec {} --agent -v", crate::cli::shell_quote("/a b/railrun")));
+    }
+
+    #[test]
+    fn path_lookup() {
+        let env = env_of(&[("PATH", "relative:/nonexistent:/bin:/usr/bin")]);
+        let sh = find_in_path("sh", &env).expect("sh in /bin or /usr/bin");
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
+        assert_eq!(find_in_path("railrun-no-such-program", &env), None);
+        assert_eq!(find_in_path("sh", &env_of(&[])), None);
+        assert!(slurm_nodelist_set(&env_of(&[("SLURM_NODELIST", "n1")])));
+        assert!(!slurm_nodelist_set(&env_of(&[("SLURM_JOB_NODELIST", " ")])));
     }
 
     #[test]

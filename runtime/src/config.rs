@@ -102,6 +102,9 @@ pub enum Launch {
     },
     /// Started without railrun (srun direct launch, torchrun-style env): rank 0 serves the
     /// bootstrap store on `serve_on`; every rank (rank 0 too) connects to `store_addr`.
+    /// Produced by [`crate::bootstrap::launch_env`] (see there and `docs/slurm.md` for the
+    /// variables, the port derivation and how `secret` is chosen); `source` is
+    /// `"Slurm step"` or `"torchrun-style env"`.
     HostedStore {
         rank: usize,
         size: usize,
@@ -113,10 +116,30 @@ pub enum Launch {
     },
 }
 
-/// Read the launch environment (railrun's `RAILRING_*` variables).
+/// Read the launch environment. First match wins:
+///
+/// 1. `RAILRING_STORE_ADDR` (railrun, or anything imitating it): [`Launch::Store`].
+/// 2. A Slurm job step (`SLURM_PROCID` + `SLURM_STEP_ID`, i.e. `srun ./prog`), then
+///    torchrun-style `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT` (torchrun first when it
+///    runs inside the step): [`Launch::HostedStore`], see [`crate::bootstrap::launch_env`].
+/// 3. Otherwise [`Launch::Alone`].
 pub fn launch_from_env() -> Result<Launch> {
     let Some(store_addr) = var("RAILRING_STORE_ADDR") else {
-        return Ok(Launch::Alone);
+        let env = |k: &str| std::env::var(k).ok();
+        return match crate::bootstrap::launch_env::detect(&env)? {
+            Some(d) => {
+                if let Some(w) = &d.warning {
+                    // Loud on rank 0 (once per job), quiet elsewhere.
+                    if matches!(d.launch, Launch::HostedStore { rank: 0, .. }) {
+                        tracing::warn!(target: "railring::bootstrap", "{w}");
+                    } else {
+                        tracing::debug!(target: "railring::bootstrap", "{w}");
+                    }
+                }
+                Ok(d.launch)
+            }
+            None => Ok(Launch::Alone),
+        };
     };
     let rank = parse_required("RAILRING_RANK")?;
     let size = parse_required("RAILRING_WORLD_SIZE")?;

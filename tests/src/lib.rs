@@ -3,5 +3,6 @@
 
 pub mod bins;
 pub mod cluster;
+pub mod slurm;
 
 pub use cluster::{Cluster, ClusterSpec, UpOptions, HEAD};

@@ -2,6 +2,7 @@
 //! torchrun-style env) serves a key-value store; ranks publish their addresses in it.
 
 pub mod auth;
+pub mod launch_env;
 pub mod store;
 pub mod wire;
 
