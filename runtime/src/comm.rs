@@ -1304,7 +1304,27 @@ impl Inner {
             return Ok(());
         }
         let algo = self.algo(kind, count, dtype.size(), root);
-        let plan = self.plan(kind, algo, count, root)?;
+        // A two-level all-reduce over several nodes, big enough: cut it into segments and
+        // overlap each segment's network ring with the neighbours' in-node phases.
+        let seg = self.cfg.pipeline_seg / dtype.size();
+        let pipelined = kind == CollKind::AllReduce
+            && algo == Algo::TwoLevel
+            && self.layout.nodes.len() > 1
+            && self.layout.nodes.iter().all(|n| n.len() > 1)
+            && seg > 0
+            && count >= 2 * seg;
+        let segs: Vec<(usize, Arc<Plan>)> = if pipelined {
+            let k = count.div_ceil(seg);
+            let mut v = Vec::with_capacity(k);
+            for i in 0..k {
+                let (off, len) = railring_collectives::plan::split(count, k, i);
+                v.push((off, self.plan(kind, algo, len, root)?));
+            }
+            v
+        } else {
+            Vec::new()
+        };
+        let plan = if pipelined { segs[0].1.clone() } else { self.plan(kind, algo, count, root)? };
         let mut ex = Executor {
             rank: self.rank,
             size: self.size,
@@ -1322,7 +1342,13 @@ impl Inner {
             src: src.map(|s| s.as_ptr()),
         };
         // SAFETY: work, input and src are live slices of the stated lengths for the whole call.
-        unsafe { ex.run(&plan, &desc, op, bufs) }
+        unsafe {
+            if pipelined {
+                ex.run_pipelined(&segs, &desc, op, bufs)
+            } else {
+                ex.run(&plan, &desc, op, bufs)
+            }
+        }
     }
 
     fn check_root(&self, root: usize) -> Result<()> {
@@ -1640,3 +1666,8 @@ impl Inner {
         Ok(Some(c))
     }
 }
+
+// Device collectives (comm_cuda.rs) reach the communicator through this child module.
+#[cfg(feature = "cuda")]
+#[path = "comm_cuda_hook.rs"]
+pub(crate) mod cuda_hook;

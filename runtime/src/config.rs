@@ -20,6 +20,9 @@ pub struct Config {
     pub net_chunk: usize,
     /// `RAILRING_CONNECT_TIMEOUT` (seconds, default 30): bootstrap and data-plane connects.
     pub connect_timeout: Duration,
+    /// `RAILRING_PIPELINE_SEG` (bytes, default 4 MiB; 0 disables): segment size of the
+    /// pipelined two-level all-reduce across nodes.
+    pub pipeline_seg: usize,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -82,6 +85,7 @@ impl Config {
                 1,
                 3600,
             )?),
+            pipeline_seg: parse_num("RAILRING_PIPELINE_SEG", 4 << 20, 0, 1 << 40)? as usize,
         })
     }
 }

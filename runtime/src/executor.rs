@@ -90,7 +90,7 @@ impl CallDesc {
 pub const P2P_CHAN: usize = 1 << 16;
 
 /// Gives the executor a link to a peer on a channel, connecting on first use.
-pub trait Links {
+pub trait Links: Send {
     /// A stable pointer to the link (valid until the provider is dropped).
     fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link>;
     /// Host name of a peer, for errors.
@@ -109,6 +109,24 @@ pub struct Executor<'a> {
     pub chunk: usize,
     pub staging: &'a mut Vec<u64>,
 }
+
+/// A `Links` for an executor that only runs in-node steps.
+struct NoLinks;
+impl Links for NoLinks {
+    fn link(&mut self, peer: usize, _chan: usize) -> Result<*mut dyn Link> {
+        Err(Error::Plan(format!("in-node executor asked for a link to rank {peer}")))
+    }
+    fn host_of(&self, _peer: usize) -> String {
+        "?".into()
+    }
+}
+
+/// Raw buffer pointers handed to the network thread of a pipelined call.
+#[derive(Clone, Copy)]
+struct SendBufs(Bufs);
+// SAFETY: the pipelined executor gives the network thread and the caller's thread disjoint
+// regions of the buffers (different segments) and joins the thread before returning.
+unsafe impl Send for SendBufs {}
 
 /// The rank's buffers for one call.
 #[derive(Clone, Copy)]
@@ -189,7 +207,10 @@ impl<'a> Executor<'a> {
             src = None;
         }
         let mut i = 0;
+        let trace = tracing::enabled!(target: "railring::exec", tracing::Level::TRACE);
         while i < plan.steps.len() {
+            let t0 = trace.then(std::time::Instant::now);
+            let step_index = i;
             match &plan.steps[i] {
                 Step::Exchange { send, recv, reduce } => {
                     let s = match send {
@@ -242,6 +263,9 @@ impl<'a> Executor<'a> {
                     std::ptr::copy(s, t, n);
                 }
             }
+            if let Some(t0) = t0 {
+                tracing::trace!(target: "railring::exec", rank = self.rank, "{} step {step_index}: {:?}", CallDesc::describe_bytes(&d), t0.elapsed());
+            }
             i += 1;
         }
         Ok(())
@@ -285,6 +309,117 @@ impl<'a> Executor<'a> {
             Some(p) => fabric.node_op_from(mode, dtype, op, p, bufs.work, &byte_slices, d, &CallDesc::describe_bytes),
             None => fabric.node_op(mode, dtype, op, bufs.work, &byte_slices, d, &CallDesc::describe_bytes),
         }
+    }
+
+    /// Run a segmented two-level all-reduce as a software pipeline: `segs` are (element offset,
+    /// plan for that segment's length) with plans of the shape [in-node reduce-scatter, network
+    /// exchanges, in-node all-gather]. This thread runs every segment's in-node steps in order
+    /// (reduce-scatters first, then all-gathers) while a second thread runs each segment's
+    /// network ring as soon as its reduce-scatter is done — the network is never idle waiting for
+    /// shared-memory phases, and those phases hide behind the wire time.
+    ///
+    /// # Safety
+    /// As [`Executor::run`]; segments must be disjoint and inside `bufs.work`.
+    pub unsafe fn run_pipelined(&mut self, segs: &[(usize, std::sync::Arc<Plan>)], desc: &CallDesc, op: ReduceOp, bufs: Bufs) -> Result<()> {
+        use std::sync::mpsc;
+        let esz = desc.dtype.size();
+        let split_plan = |p: &Plan| -> (Plan, Plan, Plan) {
+            let mut rs = Vec::new();
+            let mut net = Vec::new();
+            let mut ag = Vec::new();
+            for st in &p.steps {
+                match st {
+                    Step::NodeReduceScatter { .. } => rs.push(st.clone()),
+                    Step::NodeAllGather { .. } => ag.push(st.clone()),
+                    _ => net.push(st.clone()),
+                }
+            }
+            let mk = |steps| Plan { kind: p.kind, algo: p.algo, rank: p.rank, steps };
+            (mk(rs), mk(net), mk(ag))
+        };
+        let parts: Vec<(usize, Plan, Plan, Plan)> = segs
+            .iter()
+            .map(|(off, p)| {
+                let (a, b, c) = split_plan(p);
+                (*off, a, b, c)
+            })
+            .collect();
+        let seg_bufs = |off: usize, len: usize| Bufs {
+            work: bufs.work.add(off * esz),
+            work_bytes: len * esz,
+            input: bufs.input,
+            input_bytes: 0,
+            src: None,
+        };
+        let lens: Vec<usize> = segs.iter().enumerate().map(|(k, (off, _))| segs.get(k + 1).map(|n| n.0).unwrap_or(bufs.work_bytes / esz) - off).collect();
+        if let Some(src) = bufs.src.filter(|&p| p != bufs.work as *const u8) {
+            std::ptr::copy(src, bufs.work, bufs.work_bytes);
+        }
+        let (rank, size, timeout, chunk) = (self.rank, self.size, self.timeout, self.chunk);
+        let links: &mut dyn Links = &mut *self.links;
+        let staging: &mut Vec<u64> = &mut *self.staging;
+        let fabric = self.fabric.as_deref_mut();
+        let (to_net, net_rx) = mpsc::channel::<(usize, SendBufs)>();
+        let (done_tx, from_net) = mpsc::channel::<Result<usize>>();
+        let nets: Vec<&Plan> = parts.iter().map(|p| &p.2).collect();
+        std::thread::scope(|sc| {
+            let nets = &nets;
+            let net = std::thread::Builder::new().name("railring-net".into()).spawn_scoped(sc, move || {
+                let mut ex = Executor { rank, size, links, fabric: None, timeout, chunk, staging };
+                for (k, b) in net_rx {
+                    let r = ex.run(nets[k], desc, op, b.0).map(|_| k);
+                    let failed = r.is_err();
+                    if done_tx.send(r).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            let net = match net {
+                Ok(h) => h,
+                Err(e) => return Err(Error::Transport { rank, what: "starting the network thread".into(), err: e }),
+            };
+            let mut no_links = NoLinks;
+            let mut scratch = Vec::new();
+            let mut main = Executor { rank, size, links: &mut no_links, fabric, timeout, chunk, staging: &mut scratch };
+            let mut result = Ok(());
+            for (k, (off, rs, _, _)) in parts.iter().enumerate() {
+                let b = seg_bufs(*off, lens[k]);
+                if let Err(e) = main.run(rs, desc, op, b) {
+                    result = Err(e);
+                    break;
+                }
+                if to_net.send((k, SendBufs(b))).is_err() {
+                    break;
+                }
+            }
+            drop(to_net);
+            if result.is_ok() {
+                for (k, (off, _, _, ag)) in parts.iter().enumerate() {
+                    match from_net.recv() {
+                        Ok(Ok(j)) if j == k => {}
+                        Ok(Ok(j)) => {
+                            result = Err(Error::Plan(format!("pipelined segment {j} finished before {k}")));
+                            break;
+                        }
+                        Ok(Err(e)) => {
+                            result = Err(e);
+                            break;
+                        }
+                        Err(_) => {
+                            result = Err(Error::Plan("network thread ended early".into()));
+                            break;
+                        }
+                    }
+                    if let Err(e) = main.run(ag, desc, op, seg_bufs(*off, lens[k])) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            drop(from_net);
+            let _ = net.join();
+            result
+        })
     }
 
     /// Point-to-point: send to one peer and/or receive from one peer, concurrently. Each side

@@ -96,6 +96,8 @@ fn every_collective_four_ranks_through_railrun() {
 fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
     // 2 + 2: the two-level algorithm with a TCP ring per local rank
     all_ok(&direct(4, &["all"], &[], |r| format!("h{}", r / 2), Duration::from_secs(120)));
+    // the same with tiny pipeline segments: every all-reduce above 8 KiB runs pipelined
+    all_ok(&direct(4, &["all"], &[("RAILRING_PIPELINE_SEG", "4096")], |r| format!("h{}", r / 2), Duration::from_secs(120)));
     // 3 + 2 + 1 ranks on three "nodes": non-uniform, the flat ring and trees over shm + TCP
     all_ok(&direct(6, &["all"], &[], |r| format!("h{}", [0, 0, 0, 1, 1, 2][r]), Duration::from_secs(180)));
 }
