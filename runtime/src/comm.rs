@@ -103,79 +103,91 @@ impl Links for LinkTable {
         if let Some(l) = self.map.get_mut(&key) {
             return Ok(&mut **l as *mut dyn Link);
         }
-        let link: Box<dyn Link> =
-            if let (Some(&li), Some(node)) = (self.local_index.get(&peer), &self.node) {
-                Box::new(ShmLink::new(node.clone(), li))
-            } else {
-                let net = self
-                    .net
-                    .as_ref()
-                    .ok_or_else(|| Error::Plan("network link needed but no TCP endpoint".into()))?;
-                let pi = self
-                    .peers
-                    .get(peer)
-                    .ok_or_else(|| Error::Plan(format!("no such peer {peer}")))?;
-                let terr = |e: std::io::Error| Error::Transport {
-                    rank: self.me,
-                    what: format!(
-                        "connecting to rank {peer} on {} (channel {chan})",
-                        pi.hostname
-                    ),
-                    err: e,
-                };
-                if self.me < peer {
-                    Box::new(
-                        net.connect(
-                            self.comm,
-                            self.me,
-                            chan,
-                            self.rail,
-                            &pi.addrs,
-                            self.connect_timeout,
-                        )
-                        .map_err(terr)?,
+        let link: Box<dyn Link> = if let (Some(&li), Some(node)) =
+            (self.local_index.get(&peer), &self.node)
+        {
+            Box::new(ShmLink::new(node.clone(), li))
+        } else {
+            let net = self
+                .net
+                .as_ref()
+                .ok_or_else(|| Error::Plan("network link needed but no TCP endpoint".into()))?;
+            let pi = self
+                .peers
+                .get(peer)
+                .ok_or_else(|| Error::Plan(format!("no such peer {peer}")))?;
+            let terr = |e: std::io::Error| Error::Transport {
+                rank: self.me,
+                what: format!(
+                    "connecting to rank {peer} on {} (channel {chan})",
+                    pi.hostname
+                ),
+                err: e,
+            };
+            if self.me < peer {
+                Box::new(
+                    net.connect(
+                        self.comm,
+                        self.me,
+                        chan,
+                        self.rail,
+                        &pi.addrs,
+                        self.connect_timeout,
                     )
-                } else {
-                    // Wait in slices: between them, look for an abort record so a rank whose peer
-                    // died before connecting fails in about a second, not at the timeout.
-                    let start = std::time::Instant::now();
-                    let accepted = loop {
-                        let left = self.timeout.saturating_sub(start.elapsed());
-                        if let Some(l) = net.accept(self.comm, peer, chan, left.min(Duration::from_secs(1))).map_err(terr)? {
-                            break Some(l);
-                        }
-                        if let Some(store) = &self.store {
-                            let key = format!("c{:x}/abort", self.comm);
-                            if store.check(std::slice::from_ref(&key)).ok().and_then(|p| p.first().copied()) == Some(true) {
-                                let why = store.get(&key, Duration::from_secs(1)).map(|v| String::from_utf8_lossy(&v).into_owned()).unwrap_or_default();
-                                return Err(Error::PeerDead {
+                    .map_err(terr)?,
+                )
+            } else {
+                // Wait in slices: between them, look for an abort record so a rank whose peer
+                // died before connecting fails in about a second, not at the timeout.
+                let start = std::time::Instant::now();
+                let accepted = loop {
+                    let left = self.timeout.saturating_sub(start.elapsed());
+                    if let Some(l) = net
+                        .accept(self.comm, peer, chan, left.min(Duration::from_secs(1)))
+                        .map_err(terr)?
+                    {
+                        break Some(l);
+                    }
+                    if let Some(store) = &self.store {
+                        let key = format!("c{:x}/abort", self.comm);
+                        if store
+                            .check(std::slice::from_ref(&key))
+                            .ok()
+                            .and_then(|p| p.first().copied())
+                            == Some(true)
+                        {
+                            let why = store
+                                .get(&key, Duration::from_secs(1))
+                                .map(|v| String::from_utf8_lossy(&v).into_owned())
+                                .unwrap_or_default();
+                            return Err(Error::PeerDead {
                                     rank: self.me,
                                     peer,
                                     host: pi.hostname.clone(),
                                     why: format!("the job is failing while waiting for it to connect; first failure reported: {why}"),
                                 });
-                            }
-                        }
-                        if start.elapsed() >= self.timeout {
-                            break None;
-                        }
-                    };
-                    match accepted {
-                        Some(l) => Box::new(l),
-                        None => {
-                            return Err(Error::Timeout {
-                                rank: self.me,
-                                secs: self.timeout.as_secs(),
-                                waiting: vec![peer],
-                                what: format!(
-                                    "waiting for rank {peer} on {} to connect (channel {chan})",
-                                    pi.hostname
-                                ),
-                            })
                         }
                     }
+                    if start.elapsed() >= self.timeout {
+                        break None;
+                    }
+                };
+                match accepted {
+                    Some(l) => Box::new(l),
+                    None => {
+                        return Err(Error::Timeout {
+                            rank: self.me,
+                            secs: self.timeout.as_secs(),
+                            waiting: vec![peer],
+                            what: format!(
+                                "waiting for rank {peer} on {} to connect (channel {chan})",
+                                pi.hostname
+                            ),
+                        })
+                    }
                 }
-            };
+            }
+        };
         tracing::debug!(target: "railring::net", rank = self.me, "link to rank {peer} ch {chan}: {}", link.describe());
         let e = self.map.entry(key).or_insert(link);
         Ok(&mut **e as *mut dyn Link)
@@ -294,20 +306,31 @@ impl Communicator {
                 source,
             } => {
                 let server = if rank == 0 {
-                    let l = std::net::TcpListener::bind(&serve_on).map_err(|e| Error::Transport {
-                        rank,
-                        what: format!("rank 0 serving the bootstrap store on {serve_on} ({source})"),
-                        err: e,
-                    })?;
+                    let l =
+                        std::net::TcpListener::bind(&serve_on).map_err(|e| Error::Transport {
+                            rank,
+                            what: format!(
+                                "rank 0 serving the bootstrap store on {serve_on} ({source})"
+                            ),
+                            err: e,
+                        })?;
                     Some(
                         crate::bootstrap::store::serve(l, &secret, crate::bootstrap::Store::new())
-                            .map_err(|e| Error::Transport { rank, what: "starting the store".into(), err: e })?,
+                            .map_err(|e| Error::Transport {
+                                rank,
+                                what: "starting the store".into(),
+                                err: e,
+                            })?,
                     )
                 } else {
                     None
                 };
                 tracing::info!(target: "railring::init", rank, size, "bootstrap via {source}: store at {store_addr}");
-                let store = Arc::new(StoreClient::connect(&store_addr, &secret, cfg.connect_timeout)?);
+                let store = Arc::new(StoreClient::connect(
+                    &store_addr,
+                    &secret,
+                    cfg.connect_timeout,
+                )?);
                 let c = Self::bootstrap(store, rank, size, &secret, &job_id, cfg)?;
                 c.lock().store_server = server;
                 Ok(c)
@@ -499,8 +522,13 @@ impl Communicator {
         use crate::topology::{apply_cpu_binding, BindOptions, Topology};
         let nrails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
         let fallback = local_rank % nrails;
-        let bindings = Topology::discover()
-            .and_then(|t| BindOptions::from_env().and_then(|o| t.bindings(local_size, &o)));
+        let bindings = Topology::discover().and_then(|t| {
+            BindOptions::from_env().and_then(|mut o| {
+                // choose among the rail interfaces only
+                o.nic_allow = net.map(|n| n.rails.iter().map(|r| r.ifname.clone()).collect());
+                t.bindings(local_size, &o)
+            })
+        });
         let bindings = match bindings {
             Ok(b) => b,
             Err(e) => {
@@ -608,7 +636,8 @@ impl Communicator {
             HashMap::new()
         };
         let fabric = node.as_ref().map(|n| {
-            Box::new(ShmFabric::new(n.clone(), cfg.timeout)) as Box<dyn crate::transport::NodeFabric>
+            Box::new(ShmFabric::new(n.clone(), cfg.timeout))
+                as Box<dyn crate::transport::NodeFabric>
         });
         let links = LinkTable {
             me: rank,
@@ -761,7 +790,12 @@ impl Communicator {
     fn blocking<R>(&self, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
         // Until a non-blocking call has started the worker, calls run in the caller's order and
         // need no tickets: the fast path for small messages is one uncontended lock.
-        let worker_started = self.sh.worker.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        let worker_started = self
+            .sh
+            .worker
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
         if !worker_started {
             let mut g = self.lock();
             return Inner::guarded(&mut g, f);
@@ -827,7 +861,9 @@ impl Communicator {
                 output.len()
             )));
         }
-        self.blocking(|g| g.all_reduce_from(as_bytes_mut(output), Some(as_bytes(input)), T::DTYPE, op))
+        self.blocking(|g| {
+            g.all_reduce_from(as_bytes_mut(output), Some(as_bytes(input)), T::DTYPE, op)
+        })
     }
 
     /// Non-blocking all-reduce of an owned buffer; `wait()` returns it reduced.
@@ -1047,10 +1083,18 @@ impl Communicator {
         self.blocking(|g| g.all_reduce(buf, dtype, op))
     }
     /// Out of place: `output` receives the reduction of every rank's `input`.
-    pub fn all_reduce_into_raw(&self, input: &[u8], output: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_into_raw(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         Self::check_len(input, dtype)?;
         if input.len() != output.len() {
-            return Err(Error::Invalid("all_reduce_into: input and output lengths differ".into()));
+            return Err(Error::Invalid(
+                "all_reduce_into: input and output lengths differ".into(),
+            ));
         }
         self.blocking(|g| g.all_reduce_from(output, Some(input), dtype, op))
     }
@@ -1147,7 +1191,10 @@ impl Inner {
         };
         let key = format!("c{:x}/abort", self.comm);
         let first = match store.check(std::slice::from_ref(&key)) {
-            Ok(p) if p.first() == Some(&true) => store.get(&key, Duration::from_secs(1)).ok().map(|v| String::from_utf8_lossy(&v).into_owned()),
+            Ok(p) if p.first() == Some(&true) => store
+                .get(&key, Duration::from_secs(1))
+                .ok()
+                .map(|v| String::from_utf8_lossy(&v).into_owned()),
             Ok(_) => {
                 let _ = store.set(&key, format!("rank {}: {e}", self.rank).as_bytes());
                 None
@@ -1156,12 +1203,34 @@ impl Inner {
         };
         self.abort_peers();
         match (first, e) {
-            (Some(f), Error::PeerDead { rank, peer, host, why }) if !f.starts_with(&format!("rank {}:", self.rank)) => {
-                Error::PeerDead { rank, peer, host, why: format!("{why}; first failure reported: {f}") }
-            }
-            (Some(f), Error::Timeout { rank, secs, waiting, what }) if !f.starts_with(&format!("rank {}:", self.rank)) => {
-                Error::Timeout { rank, secs, waiting, what: format!("{what}; first failure reported: {f}") }
-            }
+            (
+                Some(f),
+                Error::PeerDead {
+                    rank,
+                    peer,
+                    host,
+                    why,
+                },
+            ) if !f.starts_with(&format!("rank {}:", self.rank)) => Error::PeerDead {
+                rank,
+                peer,
+                host,
+                why: format!("{why}; first failure reported: {f}"),
+            },
+            (
+                Some(f),
+                Error::Timeout {
+                    rank,
+                    secs,
+                    waiting,
+                    what,
+                },
+            ) if !f.starts_with(&format!("rank {}:", self.rank)) => Error::Timeout {
+                rank,
+                secs,
+                waiting,
+                what: format!("{what}; first failure reported: {f}"),
+            },
             (_, e) => e,
         }
     }
@@ -1324,7 +1393,11 @@ impl Inner {
         } else {
             Vec::new()
         };
-        let plan = if pipelined { segs[0].1.clone() } else { self.plan(kind, algo, count, root)? };
+        let plan = if pipelined {
+            segs[0].1.clone()
+        } else {
+            self.plan(kind, algo, count, root)?
+        };
         let mut ex = Executor {
             rank: self.rank,
             size: self.size,
@@ -1365,10 +1438,18 @@ impl Inner {
         self.all_reduce_from(buf, None, dtype, op)
     }
 
-    fn all_reduce_from(&mut self, buf: &mut [u8], src: Option<&[u8]>, dtype: DataType, op: ReduceOp) -> Result<()> {
+    fn all_reduce_from(
+        &mut self,
+        buf: &mut [u8],
+        src: Option<&[u8]>,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let count = buf.len() / dtype.size();
         if src.is_some_and(|s| s.len() != buf.len()) {
-            return Err(Error::Invalid("all_reduce: input and output lengths differ".into()));
+            return Err(Error::Invalid(
+                "all_reduce: input and output lengths differ".into(),
+            ));
         }
         self.exec_from(CollKind::AllReduce, dtype, op, count, 0, buf, &[], src)?;
         if op == ReduceOp::Avg {

@@ -1072,3 +1072,24 @@ fn json_and_svg() {
         0
     );
 }
+
+/// The emulated cluster's hosts: a management veth and two rail veths. With the runtime's rail
+/// interfaces as `nic_allow`, local rank i gets rail i and the management link is never chosen.
+#[test]
+fn nic_allow_keeps_bindings_on_the_rails() {
+    let f = FakeSys::new("rails");
+    f.numa(0, "0-1", 0);
+    f.netdev("mgmt0", None, "0x1003", "10000");
+    f.netdev("rail0", None, "0x1003", "10000");
+    f.netdev("rail1", None, "0x1003", "10000");
+    let t = Topology::from_sysfs_root(f.path()).unwrap();
+    let mut o = file_opts();
+    o.nic_allow = Some(vec!["rail0".into(), "rail1".into()]);
+    let b = t.bindings(4, &o).unwrap();
+    let names: Vec<String> = b.iter().map(|b| b.nics[0].name.clone()).collect();
+    assert_eq!(names, ["rail0", "rail1", "rail0", "rail1"]);
+    // an allow-list matching nothing is ignored rather than leaving ranks without a NIC
+    o.nic_allow = Some(vec!["ib0".into()]);
+    let b = t.bindings(2, &o).unwrap();
+    assert!(b.iter().all(|b| !b.nics.is_empty()));
+}

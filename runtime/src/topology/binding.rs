@@ -190,6 +190,10 @@ pub struct BindOptions {
     pub cuda_visible_devices: Option<String>,
     /// CPUs the process may use (`None`: all CPUs of the topology).
     pub allowed_cpus: Option<Vec<usize>>,
+    /// Only these NICs may be chosen (by NIC name or network interface name): the runtime
+    /// passes its rail interfaces (`RAILRING_SOCKET_IFNAME`) so the chosen NIC is a rail.
+    /// Ignored when none of the topology's NICs matches. `None`: every NIC.
+    pub nic_allow: Option<Vec<String>>,
 }
 
 impl BindOptions {
@@ -243,6 +247,7 @@ impl BindOptions {
                 v.dedup();
                 v
             }),
+            nic_allow: None,
         })
     }
 }
@@ -501,6 +506,20 @@ impl Topology {
             self.nics.iter().map(|n| n.index).collect()
         } else {
             physical
+        };
+        let allowed = |i: &usize| match &opts.nic_allow {
+            None => true,
+            Some(names) => {
+                let n = &self.nics[*i];
+                names
+                    .iter()
+                    .any(|a| *a == n.name || n.netdevs.iter().any(|d| d == a))
+            }
+        };
+        let pool = if pool.iter().any(allowed) {
+            pool.into_iter().filter(allowed).collect()
+        } else {
+            pool
         };
         let mut load = vec![0usize; self.nics.len()];
         let mut users: Vec<Vec<usize>> = vec![Vec::new(); self.nics.len()];
