@@ -3,6 +3,8 @@
 
 pub mod auth;
 pub mod launch_env;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod store;
 pub mod wire;
 

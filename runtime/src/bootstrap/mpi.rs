@@ -1,0 +1,605 @@
+//! Bootstrap from MPI (cargo feature `mpi`): jobs started by `mpirun` / `mpiexec` (Open MPI,
+//! MPICH, Intel MPI, or `srun --mpi=pmix`) need no railrun and no extra environment.
+//!
+//! # Design
+//!
+//! MPI is used for one thing only: to hand every rank the address of a railring bootstrap
+//! store. The data plane (shared memory, TCP rails) stays railring's own, exactly as under
+//! railrun.
+//!
+//! 1. Rank 0 of the MPI communicator starts a bootstrap store on `0.0.0.0:<any port>` (the
+//!    same authenticated [`store`](super::store) railrun serves) with a fresh job secret
+//!    ([`auth::new_secret`](super::auth::new_secret)) and a random job id.
+//! 2. Rank 0 broadcasts, over MPI (`MPI_Bcast`), a small JSON record: every IPv4 address of its
+//!    non-loopback interfaces with the store's port, `127.0.0.1:<port>`, an identity of its
+//!    network namespace, the secret and the job id. (If rank 0 cannot start the store it
+//!    broadcasts the error instead, so no rank is left waiting in `MPI_Bcast`.)
+//! 3. Every rank tries the candidates: loopback first when it shares rank 0's network
+//!    namespace (and only then), then addresses on a subnet it is directly attached to, then the
+//!    rest; a new candidate is started every 250 ms while earlier ones are still trying, and the
+//!    first that passes the secret handshake wins. Wrong hosts (say a docker bridge address that
+//!    exists on every node) are harmless: they refuse the connection or fail the handshake.
+//! 4. Every rank calls [`Communicator::bootstrap`] with that store, its MPI rank and size.
+//!    Rank 0's store server lives as long as the communicator (split() uses the store too).
+//!
+//! The secret travels inside MPI's own channel, which has the same trust as railrun's
+//! environment (both come from the launcher that started the job).
+//!
+//! # MPI's lifetime
+//!
+//! * [`Communicator::from_mpi`]: the caller owns MPI (its `Universe`); railring never
+//!   initializes or finalizes it and uses only the communicator it is given (any communicator:
+//!   the railring world is that communicator's ranks, in its rank order).
+//! * [`Communicator::init`] under mpirun: if the program already initialized MPI, its world
+//!   communicator is used and MPI is left alone. Otherwise railring initializes MPI itself and
+//!   **finalizes it as soon as the bootstrap has succeeded** on this rank. Keeping the
+//!   `Universe` alive until the communicator (or the process) ends was rejected on purpose:
+//!   Open MPI treats any rank that exits after `MPI_Init` without `MPI_Finalize` as an
+//!   "improper exit" (mpirun prints a page of error and returns 1 even when every rank exited
+//!   with 0 — e.g. after `std::process::exit`, or when the communicator is still held by a
+//!   worker thread at exit), and `MPI_Finalize` waits for every rank to finalize, so a
+//!   finalize run on exit by a rank that failed would wait for ranks that are themselves
+//!   waiting for it in a collective. Right after the bootstrap, every rank is present
+//!   anyway, so finalizing costs nothing and every exit path is clean; failures still
+//!   abort the whole job, because mpirun ends a job when one of its ranks exits non-zero.
+//!   Programs that want MPI calls of their own next to railring call `mpi::initialize()`
+//!   first (and keep the `Universe`), then `Communicator::init()` or `from_mpi`.
+//!   If the bootstrap fails, MPI is deliberately *not* finalized: the rank then exits without
+//!   `MPI_Finalize`, and mpirun ends the job instead of the other ranks waiting for it.
+
+use crate::bootstrap::{auth, store, StoreClient};
+use crate::comm::Communicator;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use mpi::collective::Root;
+use mpi::topology::Communicator as MpiCommunicator;
+use serde::{Deserialize, Serialize};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Environment variables that say "this process was started by an MPI launcher".
+pub const MPI_LAUNCH_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK"];
+
+/// Largest rendezvous record rank 0 broadcasts (addresses are dropped to fit).
+const MAX_RECORD: usize = 64 << 10;
+
+/// Delay between starting successive store address candidates.
+const STAGGER: Duration = Duration::from_millis(250);
+
+/// What rank 0 broadcasts over MPI.
+#[derive(Debug, Serialize, Deserialize)]
+struct Rendezvous {
+    v: u32,
+    /// `ip:port` candidates for the store (non-loopback, then `127.0.0.1`).
+    addrs: Vec<String>,
+    /// Rank 0's network namespace identity: ranks sharing it use `127.0.0.1`.
+    netns: String,
+    secret: String,
+    job: String,
+    /// Set instead of the rest when rank 0 could not start the store.
+    error: Option<String>,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// The MPI launcher variable that is set, when the process was started by one and not by
+/// railrun (`RAILRING_STORE_ADDR` wins: railrun sets Open MPI's names too).
+///
+/// `srun` started straight from Slurm (`srun --mpi=pmix ./prog`: `PMIX_RANK` inside a job step,
+/// no `OMPI_COMM_WORLD_SIZE`) is left to the Slurm direct launch, which needs no MPI, when the
+/// step's task count is the MPI world size (or MPI does not say): that decision is the same on
+/// every rank. `mpirun` inside an allocation sets `OMPI_COMM_WORLD_SIZE` and stays MPI's.
+pub fn started_by_mpirun() -> Option<&'static str> {
+    launcher_of(&var)
+}
+
+fn launcher_of(var: &dyn Fn(&str) -> Option<String>) -> Option<&'static str> {
+    if var("RAILRING_STORE_ADDR").is_some() {
+        return None;
+    }
+    let found = MPI_LAUNCH_VARS.into_iter().find(|v| var(v).is_some())?;
+    let slurm_step = var("SLURM_PROCID").is_some()
+        && (var("SLURM_STEP_ID").is_some() || var("SLURM_STEPID").is_some());
+    if slurm_step && var("OMPI_COMM_WORLD_SIZE").is_none() {
+        let tasks = var("SLURM_STEP_NUM_TASKS").or_else(|| var("SLURM_NTASKS"));
+        let mpi_size = var("PMI_SIZE").or_else(|| var("PMIX_SIZE"));
+        match (tasks, mpi_size) {
+            (_, None) => return None,
+            (Some(t), Some(m)) if t.trim() == m.trim() => return None,
+            _ => {}
+        }
+    }
+    Some(found)
+}
+
+/// The world size the launcher announced, if it says.
+fn launcher_world_size() -> Option<(&'static str, usize)> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
+        .into_iter()
+        .find_map(|v| Some((v, var(v)?.trim().parse::<usize>().ok()?)))
+}
+
+/// This network namespace (boot id + namespace inode): `127.0.0.1` reaches rank 0's store only
+/// from the same one. (Not `host::host_id`: `RAILRING_HOST_ID` may split one machine.)
+fn netns_id() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let ns = std::fs::metadata("/proc/self/ns/net")
+        .map(|m| m.ino())
+        .unwrap_or(0);
+    format!("{boot}/{ns}")
+}
+
+/// IPv4 addresses (with netmasks) of this host's up, non-loopback interfaces, in interface order.
+fn local_ipv4() -> Vec<(String, Ipv4Addr, Ipv4Addr)> {
+    let mut v = Vec::new();
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return v;
+    };
+    for ifa in addrs {
+        if !ifa.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP)
+            || ifa
+                .flags
+                .contains(nix::net::if_::InterfaceFlags::IFF_LOOPBACK)
+        {
+            continue;
+        }
+        let Some(ip) = ifa
+            .address
+            .as_ref()
+            .and_then(|a| a.as_sockaddr_in())
+            .map(|s| s.ip())
+        else {
+            continue;
+        };
+        if ip.is_loopback() || ip.is_unspecified() || ip.is_link_local() {
+            continue;
+        }
+        let mask = ifa
+            .netmask
+            .as_ref()
+            .and_then(|a| a.as_sockaddr_in())
+            .map(|s| s.ip())
+            .unwrap_or(Ipv4Addr::BROADCAST);
+        if !v.iter().any(|(_, a, _)| *a == ip) {
+            v.push((ifa.interface_name.clone(), ip, mask));
+        }
+    }
+    v
+}
+
+/// Order the candidates for this rank: loopback only (and first) when in rank 0's network
+/// namespace; then addresses on a directly attached subnet; then the rest (stable).
+fn order_candidates(r: &Rendezvous, same_netns: bool) -> Vec<String> {
+    let mine = local_ipv4();
+    let attached = |a: &str| -> bool {
+        let Ok(sa) = a.parse::<SocketAddrV4>() else {
+            return false;
+        };
+        let ip = u32::from(*sa.ip());
+        mine.iter().any(|(_, me, mask)| {
+            let m = u32::from(*mask);
+            ip & m == u32::from(*me) & m
+        })
+    };
+    let mut out: Vec<String> = Vec::new();
+    let is_lo = |a: &String| {
+        a.parse::<SocketAddrV4>()
+            .map(|s| s.ip().is_loopback())
+            .unwrap_or(false)
+    };
+    if same_netns {
+        out.extend(r.addrs.iter().filter(|a| is_lo(a)).cloned());
+    }
+    out.extend(r.addrs.iter().filter(|a| !is_lo(a) && attached(a)).cloned());
+    out.extend(
+        r.addrs
+            .iter()
+            .filter(|a| !is_lo(a) && !attached(a))
+            .cloned(),
+    );
+    out
+}
+
+/// Connect to the first candidate that answers and proves the secret (see the module docs).
+fn connect_any(rank: usize, cands: &[String], secret: &str, cfg: &Config) -> Result<StoreClient> {
+    if cands.is_empty() {
+        return Err(Error::Invalid(format!(
+            "rank {rank}: rank 0 announced no address for its bootstrap store that this rank can use \
+             (it has no up, non-loopback IPv4 interface and runs in another network namespace)"
+        )));
+    }
+    let deadline = Instant::now() + cfg.connect_timeout;
+    let done = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = mpsc::channel::<(String, std::result::Result<StoreClient, String>)>();
+    for (i, addr) in cands.iter().enumerate() {
+        let err_tx = tx.clone();
+        let (addr, secret, done, tx) = (addr.clone(), secret.to_string(), done.clone(), tx.clone());
+        let start = Instant::now() + STAGGER * i as u32;
+        let spawned = std::thread::Builder::new()
+            .name("rr-mpi-store".into())
+            .spawn(move || {
+                let mut last = String::from("not tried");
+                while Instant::now() < start {
+                    if done.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                while !done.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match StoreClient::connect(&addr, &secret, left.min(Duration::from_secs(1))) {
+                        Ok(c) => {
+                            let _ = tx.send((addr, Ok(c)));
+                            return;
+                        }
+                        // Something else listens there (another job, another host): give up on it.
+                        Err(e @ crate::bootstrap::StoreError::Auth { .. }) => {
+                            let _ = tx.send((addr, Err(e.to_string())));
+                            return;
+                        }
+                        Err(e) => last = e.to_string(),
+                    }
+                }
+                let _ = tx.send((addr, Err(last)));
+            });
+        if let Err(e) = spawned {
+            let _ = err_tx.send((
+                addr_of(cands, i),
+                Err(format!("cannot start a thread: {e}")),
+            ));
+        }
+    }
+    drop(tx);
+    let mut errors = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now()) + Duration::from_secs(2);
+        match rx.recv_timeout(left) {
+            Ok((addr, Ok(c))) => {
+                done.store(true, Ordering::SeqCst);
+                tracing::info!(target: "railring::bootstrap", rank, "MPI bootstrap: store at {addr}");
+                return Ok(c);
+            }
+            Ok((addr, Err(e))) => errors.push(format!("{addr}: {e}")),
+            Err(_) => break,
+        }
+        if errors.len() == cands.len() {
+            break;
+        }
+    }
+    done.store(true, Ordering::SeqCst);
+    Err(Error::Transport {
+        rank,
+        what: format!(
+            "reaching rank 0's bootstrap store (announced over MPI) within {} s (RAILRING_CONNECT_TIMEOUT); \
+             tried: {}",
+            cfg.connect_timeout.as_secs(),
+            errors.join("; ")
+        ),
+        err: std::io::Error::new(std::io::ErrorKind::TimedOut, "no candidate address worked"),
+    })
+}
+
+fn addr_of(c: &[String], i: usize) -> String {
+    c.get(i).cloned().unwrap_or_default()
+}
+
+/// Rank 0: start the store and describe it. Errors are returned as text (they are broadcast).
+fn serve_store() -> std::result::Result<(Rendezvous, store::ServerHandle), String> {
+    let secret = auth::new_secret().map_err(|e| format!("generating a job secret: {e}"))?;
+    let mut id = [0u8; 6];
+    auth::random_bytes(&mut id).map_err(|e| format!("generating a job id: {e}"))?;
+    let job = format!("mpi{}", auth::hex(&id));
+    let l = TcpListener::bind("0.0.0.0:0")
+        .map_err(|e| format!("rank 0: listening for the bootstrap store on 0.0.0.0: {e}"))?;
+    let port = l
+        .local_addr()
+        .map_err(|e| format!("rank 0: bootstrap store address: {e}"))?
+        .port();
+    let server = store::serve(l, &secret, store::Store::new())
+        .map_err(|e| format!("rank 0: starting the bootstrap store: {e}"))?;
+    let mut r = Rendezvous {
+        v: 1,
+        addrs: Vec::new(),
+        netns: netns_id(),
+        secret,
+        job,
+        error: None,
+    };
+    for (_, ip, _) in local_ipv4() {
+        r.addrs.push(SocketAddrV4::new(ip, port).to_string());
+    }
+    r.addrs
+        .push(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port).to_string());
+    // Keep the record small: drop non-loopback candidates beyond what fits.
+    while serde_json::to_vec(&r).map(|v| v.len()).unwrap_or(0) > MAX_RECORD && r.addrs.len() > 1 {
+        r.addrs.remove(r.addrs.len() - 2);
+    }
+    Ok((r, server))
+}
+
+fn mpi_rank_size<C: MpiCommunicator>(world: &C) -> Result<(usize, usize)> {
+    let (rank, size) = (world.rank(), world.size());
+    if rank < 0 || size <= 0 || rank >= size {
+        return Err(Error::Invalid(format!(
+            "MPI communicator reports rank {rank} of {size}"
+        )));
+    }
+    Ok((rank as usize, size as usize))
+}
+
+/// Broadcast rank 0's record (or its error) to every rank of `world`.
+fn rendezvous<C: MpiCommunicator>(
+    world: &C,
+    rank: usize,
+) -> Result<(Rendezvous, Option<store::ServerHandle>)> {
+    let root = world.process_at_rank(0);
+    let (mut bytes, server) = if rank == 0 {
+        let (rec, server) = match serve_store() {
+            Ok((r, s)) => (r, Some(s)),
+            Err(e) => (
+                Rendezvous {
+                    v: 1,
+                    addrs: vec![],
+                    netns: String::new(),
+                    secret: String::new(),
+                    job: String::new(),
+                    error: Some(e),
+                },
+                None,
+            ),
+        };
+        let b = serde_json::to_vec(&rec).unwrap_or_else(|e| {
+            format!("{{\"v\":1,\"addrs\":[],\"netns\":\"\",\"secret\":\"\",\"job\":\"\",\"error\":\"encoding: {e}\"}}")
+                .into_bytes()
+        });
+        (b, server)
+    } else {
+        (Vec::new(), None)
+    };
+    let mut len = bytes.len() as u64;
+    root.broadcast_into(&mut len);
+    if rank != 0 {
+        // Our own rank 0 wrote at most MAX_RECORD (+ an error text); refuse anything absurd
+        // only after taking part in the broadcast would desynchronize: allocate up to 16 MiB.
+        if len > 16 << 20 {
+            return Err(Error::Invalid(format!(
+                "MPI bootstrap: rank 0 announced a {len}-byte record (mismatched railring versions?)"
+            )));
+        }
+        bytes = vec![0u8; len as usize];
+    }
+    root.broadcast_into(&mut bytes[..]);
+    let rec: Rendezvous = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Invalid(format!(
+            "MPI bootstrap: rank 0's record does not parse ({e}): mismatched railring versions?"
+        ))
+    })?;
+    if let Some(e) = &rec.error {
+        return Err(Error::Invalid(format!(
+            "MPI bootstrap: rank 0 could not start the bootstrap store: {e}"
+        )));
+    }
+    if rec.v != 1 {
+        return Err(Error::Invalid(format!(
+            "MPI bootstrap: rank 0 speaks record version {} (this rank: 1): mismatched railring versions",
+            rec.v
+        )));
+    }
+    Ok((rec, server))
+}
+
+fn bootstrap_over<C: MpiCommunicator>(world: &C, cfg: Config) -> Result<Communicator> {
+    let (rank, size) = mpi_rank_size(world)?;
+    let (rec, server) = rendezvous(world, rank)?;
+    let cands = order_candidates(&rec, rec.netns == netns_id());
+    let store = Arc::new(connect_any(rank, &cands, &rec.secret, &cfg)?);
+    let job: String = rec
+        .job
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(32)
+        .collect();
+    tracing::info!(target: "railring::init", rank, size, "bootstrap via MPI: store at {}", store.addr());
+    let c = Communicator::bootstrap(store, rank, size, &rec.secret, &job, cfg)?;
+    if let Some(s) = server {
+        c.keep_store_server(s);
+    }
+    Ok(c)
+}
+
+impl Communicator {
+    /// A railring communicator over the ranks of an MPI communicator (usually
+    /// `universe.world()`), in its rank order. Collective over `world`: every rank of it must
+    /// call this. MPI only carries the bootstrap (see [the module docs](self)); collectives run
+    /// on railring's own shared memory and TCP rails. The caller keeps MPI initialized for as
+    /// long as it uses MPI itself; the returned communicator does not need MPI after this call.
+    ///
+    /// ```no_run
+    /// let universe = mpi::initialize().expect("MPI already initialized");
+    /// let comm = railring::Communicator::from_mpi(&universe.world())?;
+    /// # Ok::<(), railring::Error>(())
+    /// ```
+    pub fn from_mpi<C: MpiCommunicator>(world: &C) -> Result<Communicator> {
+        let cfg = Config::from_env()?;
+        bootstrap_over(world, cfg)
+    }
+}
+
+/// `Communicator::init()`'s hook: `Ok(None)` unless started by an MPI launcher (and not by
+/// railrun); then bootstrap over `MPI_COMM_WORLD`, initializing (and, on success, finalizing)
+/// MPI when the program has not initialized it itself.
+pub(crate) fn init_if_mpirun(cfg: &Config) -> Result<Option<Communicator>> {
+    let Some(source) = started_by_mpirun() else {
+        return Ok(None);
+    };
+    if mpi::environment::is_initialized() && mpi::environment::is_finalized() {
+        return Err(Error::Invalid(
+            "started by mpirun, but MPI was already finalized in this process: Communicator::init() \
+             bootstraps from MPI once per process (it finalizes the MPI it initialized itself). \
+             Keep the first communicator (split() makes sub-groups), or call mpi::initialize() \
+             yourself, keep the Universe, and use Communicator::init() or Communicator::from_mpi()"
+                .into(),
+        ));
+    }
+    let universe = if mpi::environment::is_initialized() {
+        None
+    } else {
+        Some(mpi::initialize().ok_or_else(|| {
+            Error::Invalid("MPI_Init: MPI was initialized concurrently by another thread".into())
+        })?)
+    };
+    let world = mpi::topology::SimpleCommunicator::world();
+    tracing::info!(target: "railring::init", "started by an MPI launcher ({source} is set): bootstrapping over MPI_COMM_WORLD");
+    let r = check_world_size(&world).and_then(|()| bootstrap_over(&world, cfg.clone()));
+    match (r, universe) {
+        (Ok(c), Some(u)) => {
+            drop(u); // MPI_Finalize (waits for every rank: all of them just bootstrapped)
+            Ok(Some(c))
+        }
+        (Ok(c), None) => Ok(Some(c)),
+        (Err(e), Some(u)) => {
+            // No MPI_Finalize: exiting without it makes mpirun end the whole job, instead of
+            // other ranks waiting for this one (see the module docs).
+            std::mem::forget(u);
+            Err(e)
+        }
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// A program linked against one MPI but started by another vendor's mpirun gets a world of
+/// one on every rank ("singleton" init): say so instead of running N separate jobs.
+fn check_world_size<C: MpiCommunicator>(world: &C) -> Result<()> {
+    if let Some((v, n)) = launcher_world_size() {
+        if world.size() as usize != n {
+            return Err(Error::Env {
+                var: v.into(),
+                value: n.to_string(),
+                why: format!(
+                    "the launcher started {n} ranks but MPI_Init gives a world of {}: this program's MPI \
+                     library ({}) does not match the mpirun that started it",
+                    world.size(),
+                    mpi::environment::library_version()
+                        .map(|s| s.lines().next().unwrap_or("").trim().to_string())
+                        .unwrap_or_else(|_| "?".into())
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(addrs: &[&str]) -> Rendezvous {
+        Rendezvous {
+            v: 1,
+            addrs: addrs.iter().map(|s| s.to_string()).collect(),
+            netns: String::new(),
+            secret: "s".into(),
+            job: "j".into(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn who_started_us() {
+        fn env<'a>(kv: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+            move |k: &str| kv.iter().find(|(a, _)| *a == k).map(|(_, v)| v.to_string())
+        }
+        assert_eq!(launcher_of(&env(&[])), None);
+        assert_eq!(
+            launcher_of(&env(&[("OMPI_COMM_WORLD_SIZE", "4")])),
+            Some("OMPI_COMM_WORLD_SIZE")
+        );
+        assert_eq!(
+            launcher_of(&env(&[("PMI_RANK", "1"), ("PMI_SIZE", "4")])),
+            Some("PMI_RANK")
+        );
+        // railrun sets Open MPI's names too
+        assert_eq!(
+            launcher_of(&env(&[
+                ("OMPI_COMM_WORLD_SIZE", "4"),
+                ("RAILRING_STORE_ADDR", "h:1")
+            ])),
+            None
+        );
+        // srun --mpi=pmix ./prog: Slurm's direct launch
+        let srun = [
+            ("PMIX_RANK", "1"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_NUM_TASKS", "4"),
+        ];
+        assert_eq!(launcher_of(&env(&srun)), None);
+        // mpirun inside an allocation (ranks inherit the daemons' step)
+        let mpirun = [
+            ("OMPI_COMM_WORLD_SIZE", "8"),
+            ("PMIX_RANK", "5"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+        ];
+        assert_eq!(launcher_of(&env(&mpirun)), Some("OMPI_COMM_WORLD_SIZE"));
+        // mpiexec (Hydra) through srun-started proxies: sizes differ, MPI it is
+        let hydra = [
+            ("PMI_RANK", "5"),
+            ("PMI_SIZE", "8"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_STEP_NUM_TASKS", "2"),
+        ];
+        assert_eq!(launcher_of(&env(&hydra)), Some("PMI_RANK"));
+    }
+
+    #[test]
+    fn loopback_only_in_the_same_namespace_and_first() {
+        let r = rec(&["203.0.113.9:5000", "127.0.0.1:5000"]);
+        assert_eq!(order_candidates(&r, true)[0], "127.0.0.1:5000");
+        assert_eq!(
+            order_candidates(&r, false),
+            vec!["203.0.113.9:5000".to_string()]
+        );
+    }
+
+    #[test]
+    fn attached_subnets_first() {
+        let mine = local_ipv4();
+        let Some((_, ip, _)) = mine.first() else {
+            return; // no non-loopback interface here: nothing to order
+        };
+        let near = SocketAddrV4::new(*ip, 7).to_string();
+        let r = rec(&["203.0.113.9:7", &near]);
+        assert_eq!(order_candidates(&r, false)[0], near);
+    }
+
+    #[test]
+    fn store_over_the_candidates() {
+        // A store on loopback; a dead candidate first: the second one wins.
+        let (r, _server) = serve_store().expect("store");
+        let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_addr = dead.local_addr().unwrap().to_string();
+        drop(dead);
+        let mut cands = vec![dead_addr];
+        cands.extend(r.addrs.iter().filter(|a| a.starts_with("127.")).cloned());
+        let mut cfg = Config::from_env().unwrap();
+        cfg.connect_timeout = Duration::from_secs(5);
+        let c = connect_any(1, &cands, &r.secret, &cfg).expect("connect");
+        c.set("k", b"v").unwrap();
+        // Wrong secret: a clear error naming the candidates, not a hang.
+        cfg.connect_timeout = Duration::from_secs(1);
+        let e = connect_any(1, &cands[1..], "wrong", &cfg)
+            .err()
+            .expect("must fail");
+        assert!(e.to_string().contains("127.0.0.1"), "{e}");
+    }
+}
