@@ -19,9 +19,10 @@
 //! latency otherwise).
 //!
 //! **Interleaving**: whole sweeps alternate between the libraries in `--rounds` rounds
-//! (default 2) in ABBA order — MPI, railring, railring, MPI, MPI, railring, ... — so slow drift
+//! (default 3) in ABBA order — MPI, railring, railring, MPI, MPI, railring, ... — so slow drift
 //! of the machine (other jobs, thermal, page cache) hits both equally and neither always goes
-//! first. Per size, each library's time and bus bandwidth are the **median** over its rounds;
+//! first. Per size, each library's row is the run with the **median** time over its rounds (the
+//! faster of the middle two for an even count), time and bus bandwidth from that same run;
 //! `#wrong` is the sum over rounds. (One launch per sweep, not per size: per-size launches would
 //! measure mostly start-up and cold caches.)
 //!
@@ -48,7 +49,7 @@ const USAGE: &str = "usage: railcompare -np N [options] -- RAILPERF-ARGS...
   --mpirun CMD           the mpirun to use (default: mpirun)
   --mpirun-args \"...\"    more mpirun arguments (shell-style quoting)
   --railrun-args \"...\"   more railrun arguments
-  --rounds N             sweeps per library, alternating ABBA (default 2)
+  --rounds N             sweeps per library, alternating ABBA (default 3)
   --no-yield             do not pass --mca mpi_yield_when_idle 1 to mpirun
   --svg FILE             bus bandwidth against size, both libraries (SVG)
   --json FILE            medians, ratios and raw runs (JSON)
@@ -137,7 +138,7 @@ fn split_words(s: &str) -> Result<Vec<String>, String> {
 }
 
 fn parse_args(argv: &[String]) -> Result<Args, String> {
-    let mut a = Args { mpirun: "mpirun".into(), rounds: 2, yield_idle: true, ..Default::default() };
+    let mut a = Args { mpirun: "mpirun".into(), rounds: 3, yield_idle: true, ..Default::default() };
     let mut i = 0;
     while i < argv.len() {
         let arg = &argv[i];
@@ -421,18 +422,6 @@ fn order(rounds: usize) -> Vec<(Lib, usize)> {
     v
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
 
 /// Medians over rounds of one library at one row key.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -450,11 +439,20 @@ fn aggregate(rows: &[&Row]) -> Option<Agg> {
     if rows.is_empty() {
         return None;
     }
+    // The run with the (lower) median time; its bandwidth comes from the same run, so time and
+    // bandwidth always agree.
+    let pick = |key: fn(&Row) -> f64| -> &Row {
+        let mut v: Vec<&Row> = rows.to_vec();
+        v.sort_by(|a, b| key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal));
+        v[(v.len() - 1) / 2]
+    };
+    let o = pick(|r| r.oop_time_us);
+    let i = pick(|r| r.ip_time_us);
     Some(Agg {
-        oop_time_us: median(rows.iter().map(|r| r.oop_time_us).collect()),
-        oop_busbw: median(rows.iter().map(|r| r.oop_busbw).collect()),
-        ip_time_us: median(rows.iter().map(|r| r.ip_time_us).collect()),
-        ip_busbw: median(rows.iter().map(|r| r.ip_busbw).collect()),
+        oop_time_us: o.oop_time_us,
+        oop_busbw: o.oop_busbw,
+        ip_time_us: i.ip_time_us,
+        ip_busbw: i.ip_busbw,
         oop_wrong: rows.iter().map(|r| r.oop_wrong).sum(),
         ip_wrong: rows.iter().map(|r| r.ip_wrong).sum(),
         rounds: rows.len(),
@@ -842,8 +840,6 @@ mod tests {
         let r = rows_from_table(line);
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].size, r[0].count, r[0].oop_busbw, r[0].ip_wrong), (1024, 256, 0.15, 0));
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![1.0, 2.0]), 1.5);
     }
 
     #[test]
