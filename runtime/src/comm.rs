@@ -92,6 +92,9 @@ struct LinkTable {
     net: Option<Arc<TcpNet>>,
     peers: Arc<Vec<PeerInfo>>,
     store: Option<Arc<StoreClient>>,
+    /// The RDMA network, when one was selected (`RAILRING_NET`, feature `rdma`).
+    #[cfg(feature = "rdma")]
+    ib: Option<Arc<crate::transport::rdma::RdmaNet>>,
 }
 
 impl Links for LinkTable {
@@ -108,6 +111,11 @@ impl Links for LinkTable {
         {
             Box::new(ShmLink::new(node.clone(), li))
         } else {
+            #[cfg(feature = "rdma")]
+            if let Some(l) = crate::transport::rdma::link_for(self.ib.as_ref(), self.store.as_ref(), self.comm, self.me, peer, chan, self.rail)? {
+                let e = self.map.entry(key).or_insert(l);
+                return Ok(&mut **e as *mut dyn Link);
+            }
             let net = self
                 .net
                 .as_ref()
@@ -511,6 +519,11 @@ impl Communicator {
             .unwrap_or_else(|e| e.into_inner())
             .links
             .rail = rail;
+        #[cfg(feature = "rdma")]
+        if nodes.len() > 1 {
+            let ib = crate::transport::rdma::select_net(rank)?;
+            c.sh.inner.lock().unwrap_or_else(|e| e.into_inner()).links.ib = ib;
+        }
         tracing::info!(target: "railring::init", rank, size, "node {node_index} local rank {local_rank}/{}, rail {rail}", local.len());
         Ok(c)
     }
@@ -651,6 +664,8 @@ impl Communicator {
             net: net.clone(),
             peers: peers.clone(),
             store: store.clone(),
+            #[cfg(feature = "rdma")]
+            ib: None,
         };
         let nnodes = layout.nodes.len();
         let inner = Inner {

@@ -114,7 +114,9 @@ pub struct Executor<'a> {
 struct NoLinks;
 impl Links for NoLinks {
     fn link(&mut self, peer: usize, _chan: usize) -> Result<*mut dyn Link> {
-        Err(Error::Plan(format!("in-node executor asked for a link to rank {peer}")))
+        Err(Error::Plan(format!(
+            "in-node executor asked for a link to rank {peer}"
+        )))
     }
     fn host_of(&self, _peer: usize) -> String {
         "?".into()
@@ -251,9 +253,16 @@ impl<'a> Executor<'a> {
                     };
                     self.node(mode, group, slices, &d, dtype, op, bufs, src.take())?;
                 }
-                Step::NodeAllGather { group, slices } => {
-                    self.node(NodeMode::AllGather, group, slices, &d, dtype, op, bufs, None)?
-                }
+                Step::NodeAllGather { group, slices } => self.node(
+                    NodeMode::AllGather,
+                    group,
+                    slices,
+                    &d,
+                    dtype,
+                    op,
+                    bufs,
+                    None,
+                )?,
                 Step::Copy { src, dst } => {
                     let (s, n) = bufs.region(src, esz)?;
                     let (t, m) = bufs.region(dst, esz)?;
@@ -306,8 +315,25 @@ impl<'a> Executor<'a> {
             byte_slices.push((p as usize - bufs.work as usize, n));
         }
         match src {
-            Some(p) => fabric.node_op_from(mode, dtype, op, p, bufs.work, &byte_slices, d, &CallDesc::describe_bytes),
-            None => fabric.node_op(mode, dtype, op, bufs.work, &byte_slices, d, &CallDesc::describe_bytes),
+            Some(p) => fabric.node_op_from(
+                mode,
+                dtype,
+                op,
+                p,
+                bufs.work,
+                &byte_slices,
+                d,
+                &CallDesc::describe_bytes,
+            ),
+            None => fabric.node_op(
+                mode,
+                dtype,
+                op,
+                bufs.work,
+                &byte_slices,
+                d,
+                &CallDesc::describe_bytes,
+            ),
         }
     }
 
@@ -320,7 +346,13 @@ impl<'a> Executor<'a> {
     ///
     /// # Safety
     /// As [`Executor::run`]; segments must be disjoint and inside `bufs.work`.
-    pub unsafe fn run_pipelined(&mut self, segs: &[(usize, std::sync::Arc<Plan>)], desc: &CallDesc, op: ReduceOp, bufs: Bufs) -> Result<()> {
+    pub unsafe fn run_pipelined(
+        &mut self,
+        segs: &[(usize, std::sync::Arc<Plan>)],
+        desc: &CallDesc,
+        op: ReduceOp,
+        bufs: Bufs,
+    ) -> Result<()> {
         use std::sync::mpsc;
         let esz = desc.dtype.size();
         let split_plan = |p: &Plan| -> (Plan, Plan, Plan) {
@@ -334,7 +366,12 @@ impl<'a> Executor<'a> {
                     _ => net.push(st.clone()),
                 }
             }
-            let mk = |steps| Plan { kind: p.kind, algo: p.algo, rank: p.rank, steps };
+            let mk = |steps| Plan {
+                kind: p.kind,
+                algo: p.algo,
+                rank: p.rank,
+                steps,
+            };
             (mk(rs), mk(net), mk(ag))
         };
         let parts: Vec<(usize, Plan, Plan, Plan)> = segs
@@ -351,7 +388,16 @@ impl<'a> Executor<'a> {
             input_bytes: 0,
             src: None,
         };
-        let lens: Vec<usize> = segs.iter().enumerate().map(|(k, (off, _))| segs.get(k + 1).map(|n| n.0).unwrap_or(bufs.work_bytes / esz) - off).collect();
+        let lens: Vec<usize> = segs
+            .iter()
+            .enumerate()
+            .map(|(k, (off, _))| {
+                segs.get(k + 1)
+                    .map(|n| n.0)
+                    .unwrap_or(bufs.work_bytes / esz)
+                    - off
+            })
+            .collect();
         if let Some(src) = bufs.src.filter(|&p| p != bufs.work as *const u8) {
             std::ptr::copy(src, bufs.work, bufs.work_bytes);
         }
@@ -364,23 +410,47 @@ impl<'a> Executor<'a> {
         let nets: Vec<&Plan> = parts.iter().map(|p| &p.2).collect();
         std::thread::scope(|sc| {
             let nets = &nets;
-            let net = std::thread::Builder::new().name("railring-net".into()).spawn_scoped(sc, move || {
-                let mut ex = Executor { rank, size, links, fabric: None, timeout, chunk, staging };
-                for (k, b) in net_rx {
-                    let r = ex.run(nets[k], desc, op, b.0).map(|_| k);
-                    let failed = r.is_err();
-                    if done_tx.send(r).is_err() || failed {
-                        break;
+            let net = std::thread::Builder::new()
+                .name("railring-net".into())
+                .spawn_scoped(sc, move || {
+                    let mut ex = Executor {
+                        rank,
+                        size,
+                        links,
+                        fabric: None,
+                        timeout,
+                        chunk,
+                        staging,
+                    };
+                    for (k, b) in net_rx {
+                        let r = ex.run(nets[k], desc, op, b.0).map(|_| k);
+                        let failed = r.is_err();
+                        if done_tx.send(r).is_err() || failed {
+                            break;
+                        }
                     }
-                }
-            });
+                });
             let net = match net {
                 Ok(h) => h,
-                Err(e) => return Err(Error::Transport { rank, what: "starting the network thread".into(), err: e }),
+                Err(e) => {
+                    return Err(Error::Transport {
+                        rank,
+                        what: "starting the network thread".into(),
+                        err: e,
+                    })
+                }
             };
             let mut no_links = NoLinks;
             let mut scratch = Vec::new();
-            let mut main = Executor { rank, size, links: &mut no_links, fabric, timeout, chunk, staging: &mut scratch };
+            let mut main = Executor {
+                rank,
+                size,
+                links: &mut no_links,
+                fabric,
+                timeout,
+                chunk,
+                staging: &mut scratch,
+            };
             let mut result = Ok(());
             for (k, (off, rs, _, _)) in parts.iter().enumerate() {
                 let b = seg_bufs(*off, lens[k]);
@@ -398,7 +468,9 @@ impl<'a> Executor<'a> {
                     match from_net.recv() {
                         Ok(Ok(j)) if j == k => {}
                         Ok(Ok(j)) => {
-                            result = Err(Error::Plan(format!("pipelined segment {j} finished before {k}")));
+                            result = Err(Error::Plan(format!(
+                                "pipelined segment {j} finished before {k}"
+                            )));
                             break;
                         }
                         Ok(Err(e)) => {
@@ -618,10 +690,18 @@ impl<'a> Executor<'a> {
             } else if b.waited() > Duration::from_micros(20) {
                 // A shared-memory link sleeps on its node's bell (woken by the peer's next
                 // store); with a TCP link also pending, only briefly, then poll again.
-                let short = if fds.is_empty() { Duration::from_millis(5) } else { Duration::from_micros(200) };
+                let short = if fds.is_empty() {
+                    Duration::from_millis(5)
+                } else {
+                    Duration::from_micros(200)
+                };
                 let parked = match (s_done, r_done) {
-                    (false, _) if sl.is_some_and(|l| (*l).poll_fd().is_none()) => sl.is_some_and(|l| (*l).park(true, !r_done && rl == sl, short)),
-                    (_, false) if rl.is_some_and(|l| (*l).poll_fd().is_none()) => rl.is_some_and(|l| (*l).park(false, true, short)),
+                    (false, _) if sl.is_some_and(|l| (*l).poll_fd().is_none()) => {
+                        sl.is_some_and(|l| (*l).park(true, !r_done && rl == sl, short))
+                    }
+                    (_, false) if rl.is_some_and(|l| (*l).poll_fd().is_none()) => {
+                        rl.is_some_and(|l| (*l).park(false, true, short))
+                    }
                     _ => false,
                 };
                 if !parked {

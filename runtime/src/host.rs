@@ -9,7 +9,11 @@ use std::os::unix::fs::MetadataExt;
 /// two-level algorithm can then be exercised on a laptop).
 pub fn host_id() -> String {
     if let Ok(v) = std::env::var("RAILRING_HOST_ID") {
-        let v: String = v.chars().filter(|c| c.is_ascii_graphic()).take(128).collect();
+        let v: String = v
+            .chars()
+            .filter(|c| c.is_ascii_graphic())
+            .take(128)
+            .collect();
         if !v.is_empty() {
             return format!("override:{v}");
         }

@@ -9,6 +9,8 @@ pub mod transport;
 
 pub use error::{Error, Result};
 pub mod comm;
+#[cfg(feature = "cuda")]
+pub mod comm_cuda;
 pub mod executor;
 
 pub use comm::{Communicator, Pending};

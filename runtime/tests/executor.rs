@@ -213,7 +213,9 @@ fn run_case(
                         rank,
                         size: n,
                         links: &mut links,
-                        fabric: fabric.as_mut().map(|f| f as &mut (dyn railring::transport::NodeFabric + 'static)),
+                        fabric: fabric
+                            .as_mut()
+                            .map(|f| f as &mut (dyn railring::transport::NodeFabric + 'static)),
                         timeout: Duration::from_secs(20),
                         chunk: 1024,
                         staging: &mut staging,

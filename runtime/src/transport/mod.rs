@@ -11,13 +11,13 @@
 //! peers' data directly (each rank reduces its own slice), which is the point of the two-level
 //! algorithm.
 
-pub mod mem;
-pub mod shm;
-pub mod tcp;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod mem;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod shm;
+pub mod tcp;
 
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};

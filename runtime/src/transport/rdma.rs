@@ -139,21 +139,57 @@ pub fn select_net_from_env() -> Result<NetSelection> {
 }
 
 /// The hook for the communicator: `Ok(Some(net))` to use RDMA links between nodes, `Ok(None)`
-/// for TCP. Opening the chosen devices failing also falls back to TCP with an INFO line.
+/// for TCP. Opening the chosen devices failing also falls back to TCP with an INFO line. The
+/// devices are opened once per process (sub-communicators share them); bad `RAILRING_NET` /
+/// `RAILRING_IB_HCA` values are errors every time.
+#[allow(dead_code)] // called from comm.rs once RDMA links are wired in (docs/gpu-rdma.md)
 pub(crate) fn select_net(rank: usize) -> Result<Option<Arc<RdmaNet>>> {
-    match select_net_from_env()? {
-        NetSelection::Socket(_) => Ok(None),
+    static NET: std::sync::Mutex<Option<Option<Arc<RdmaNet>>>> = std::sync::Mutex::new(None);
+    let sel = select_net_from_env()?;
+    let mut cached = NET.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(n) = cached.as_ref() {
+        return Ok(n.clone());
+    }
+    let net = match sel {
+        NetSelection::Socket(_) => None,
         NetSelection::Ib(hcas) => match RdmaNet::open(&hcas) {
             Ok(n) => {
                 tracing::info!(target: "railring::net", rank, "RDMA over {}", n.describe());
-                Ok(Some(Arc::new(n)))
+                Some(Arc::new(n))
             }
             Err(e) => {
                 tracing::info!(target: "railring::net", rank, "opening RDMA devices failed ({e}): using TCP sockets");
-                Ok(None)
+                None
             }
         },
-    }
+    };
+    *cached = Some(net.clone());
+    Ok(net)
+}
+
+/// The link `LinkTable::link` uses for a network peer when RDMA was selected (`Ok(None)`: use
+/// TCP). Errors name the peer and channel.
+#[allow(dead_code, clippy::too_many_arguments)]
+pub(crate) fn link_for(
+    net: Option<&Arc<RdmaNet>>,
+    store: Option<&Arc<StoreClient>>,
+    comm: u64,
+    me: usize,
+    peer: usize,
+    chan: usize,
+    rail: usize,
+) -> Result<Option<Box<dyn Link>>> {
+    let (Some(net), Some(store)) = (net, store) else {
+        return Ok(None);
+    };
+    let l = net
+        .link(store.clone(), comm, me, peer, chan, rail)
+        .map_err(|e| Error::Transport {
+            rank: me,
+            what: format!("RDMA link to rank {peer} (channel {chan})"),
+            err: e,
+        })?;
+    Ok(Some(Box::new(l)))
 }
 
 /// Active HCA ports on this machine, through `ibverbs::devices()`. Never panics: a device that
@@ -194,9 +230,9 @@ pub fn gpu_nic_path(
 ) -> Option<PathClass> {
     let norm = |s: &str| s.trim().to_ascii_lowercase();
     let g = topo.gpus.iter().position(|g| {
-        g.busid
-            .as_deref()
-            .is_some_and(|b| norm(b).ends_with(&norm(gpu_busid)) || norm(gpu_busid).ends_with(&norm(b)))
+        g.busid.as_deref().is_some_and(|b| {
+            norm(b).ends_with(&norm(gpu_busid)) || norm(gpu_busid).ends_with(&norm(b))
+        })
     })?;
     let n = topo.nics.iter().position(|n| n.matches(nic_name))?;
     Some(topo.path_class(
@@ -446,8 +482,7 @@ impl IbDev {
             for i in 0..n.max(0) as usize {
                 let d = *list.add(i);
                 let name = ffi::ibv_get_device_name(d);
-                if !name.is_null()
-                    && std::ffi::CStr::from_ptr(name).to_string_lossy() == hca.device
+                if !name.is_null() && std::ffi::CStr::from_ptr(name).to_string_lossy() == hca.device
                 {
                     dev = d;
                     break;
@@ -466,7 +501,8 @@ impl IbDev {
                 ));
             }
             let mut pa = ffi::ibv_port_attr::default();
-            let rc = ffi::ibv_query_port(ctx, hca.port, &mut pa as *mut ffi::ibv_port_attr as *mut _);
+            let rc =
+                ffi::ibv_query_port(ctx, hca.port, &mut pa as *mut ffi::ibv_port_attr as *mut _);
             if rc != 0 || pa.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
                 ffi::ibv_close_device(ctx);
                 return Err(io::Error::other(format!(
@@ -542,8 +578,9 @@ impl Mr {
 /// The RDMA endpoint of this process: the opened HCA ports (rail i uses port i mod n).
 pub struct RdmaNet {
     devs: Vec<Arc<IbDev>>,
-    /// Decided by the caller from the topology (see [`gpudirect_allowed`]).
-    pub gpudirect: bool,
+    /// Per device: may device memory be registered directly (GPUDirect RDMA)? Off until
+    /// [`RdmaNet::decide_gpudirect`] finds a PIX/PXB path from this rank's GPU.
+    gdr: Vec<bool>,
 }
 
 impl RdmaNet {
@@ -559,10 +596,25 @@ impl RdmaNet {
         if devs.is_empty() {
             return Err(io::Error::new(io::ErrorKind::NotFound, errs.join("; ")));
         }
-        Ok(RdmaNet {
-            devs,
-            gpudirect: false,
-        })
+        let gdr = vec![false; devs.len()];
+        Ok(RdmaNet { devs, gdr })
+    }
+
+    /// Decide GPUDirect RDMA per HCA from the GPU–NIC path class of this rank's GPU (PCI bus
+    /// id): PIX/PXB registers device memory directly, anything else stages through pinned host
+    /// memory. One INFO line per device.
+    pub fn decide_gpudirect(&mut self, topo: &crate::topology::Topology, gpu_busid: &str) {
+        for (i, d) in self.devs.iter().enumerate() {
+            let path = gpu_nic_path(topo, gpu_busid, &d.name);
+            self.gdr[i] = gpudirect_allowed(path);
+            tracing::info!(
+                target: "railring::net",
+                "GPU {gpu_busid} -> {}: {} ({})",
+                d.name,
+                if self.gdr[i] { "GPUDirect RDMA" } else { "staging device data through host memory" },
+                path.map(|p| p.to_string()).unwrap_or_else(|| "path unknown".into())
+            );
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -591,8 +643,16 @@ impl RdmaNet {
         chan: usize,
         rail: usize,
     ) -> io::Result<RdmaLink> {
-        let dev = self.devs[rail % self.devs.len()].clone();
-        RdmaLink::create(dev, store, comm, me, peer, chan, self.gpudirect)
+        let i = rail % self.devs.len();
+        RdmaLink::create(
+            self.devs[i].clone(),
+            store,
+            comm,
+            me,
+            peer,
+            chan,
+            self.gdr[i],
+        )
     }
 }
 
@@ -724,7 +784,10 @@ impl RdmaLink {
             let psn = (std::process::id() ^ (me as u32).wrapping_mul(2654435761) ^ chan as u32)
                 & 0xff_ffff;
             let mut link = RdmaLink {
-                desc: format!("rdma {}:{} -> rank {peer} (channel {chan})", dev.name, dev.port),
+                desc: format!(
+                    "rdma {}:{} -> rank {peer} (channel {chan})",
+                    dev.name, dev.port
+                ),
                 dev,
                 cq,
                 qp,
@@ -769,13 +832,21 @@ impl RdmaLink {
         }
     }
 
-    fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask, what: &str) -> io::Result<()> {
+    fn modify(
+        &self,
+        attr: &mut ffi::ibv_qp_attr,
+        mask: ffi::ibv_qp_attr_mask,
+        what: &str,
+    ) -> io::Result<()> {
         // SAFETY: qp is live; attr is a valid struct for the fields named in mask.
         let rc = unsafe { ffi::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if rc != 0 {
             return Err(io::Error::new(
                 io::Error::from_raw_os_error(rc).kind(),
-                format!("ibv_modify_qp to {what}: {}", io::Error::from_raw_os_error(rc)),
+                format!(
+                    "ibv_modify_qp to {what}: {}",
+                    io::Error::from_raw_os_error(rc)
+                ),
             ));
         }
         Ok(())
@@ -1205,7 +1276,9 @@ mod tests {
         let enosys = || Err(io::Error::from_raw_os_error(38));
         for choice in [NetChoice::Auto, NetChoice::Ib] {
             match select_net_with(choice, None, enosys) {
-                NetSelection::Socket(Some(why)) => assert!(why.contains("no RDMA support"), "{why}"),
+                NetSelection::Socket(Some(why)) => {
+                    assert!(why.contains("no RDMA support"), "{why}")
+                }
                 other => panic!("{other:?}"),
             }
         }
@@ -1273,6 +1346,30 @@ mod tests {
     }
 
     #[test]
+    fn gpudirect_decision_from_a_real_topology() {
+        use crate::topology::{DeviceId, Topology};
+        let t = Topology::from_file("../tests/fixtures/topology/aws-p4d-24xl-topo.xml").unwrap();
+        let (mut yes, mut no) = (0, 0);
+        for (g, gpu) in t.gpus.iter().enumerate() {
+            let bus = gpu.busid.clone().unwrap();
+            for (n, nic) in t.nics.iter().enumerate() {
+                let p = gpu_nic_path(&t, &bus, &nic.name);
+                assert_eq!(p, Some(t.path_class(DeviceId::Gpu(g), DeviceId::Nic(n))));
+                if gpudirect_allowed(p) {
+                    yes += 1;
+                } else {
+                    no += 1;
+                }
+            }
+        }
+        assert!(
+            yes > 0 && no > 0,
+            "p4d has PIX and SYS GPU-NIC pairs ({yes}/{no})"
+        );
+        assert_eq!(gpu_nic_path(&t, "0000:ff:00.0", &t.nics[0].name), None);
+    }
+
+    #[test]
     fn mr_cache_hits_contained_ranges_and_evicts_lru() {
         let regs = RefCell::new(Vec::<(usize, usize)>::new());
         let deregs = RefCell::new(Vec::<u32>::new());
@@ -1312,7 +1409,13 @@ mod tests {
         assert_eq!(c.len(), 1);
         // device memory is keyed separately
         let dev = c
-            .get_or_register(0x20000, 0x10, MemKind::Device { ordinal: 0 }, |_, _| Ok(99), |_| {})
+            .get_or_register(
+                0x20000,
+                0x10,
+                MemKind::Device { ordinal: 0 },
+                |_, _| Ok(99),
+                |_| {},
+            )
             .unwrap();
         assert_eq!(dev, 99);
         assert!(c

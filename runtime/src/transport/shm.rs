@@ -213,7 +213,15 @@ impl Node {
         if self.sleepers().load(Ordering::SeqCst) > 0 {
             // SAFETY: FUTEX_WAKE on a 4-byte aligned word inside the shared mapping.
             unsafe {
-                libc::syscall(libc::SYS_futex, self.bell() as *const AtomicU32, libc::FUTEX_WAKE, i32::MAX, 0, 0, 0);
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.bell() as *const AtomicU32,
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                    0,
+                    0,
+                    0,
+                );
             }
         }
     }
@@ -223,11 +231,22 @@ impl Node {
         self.sleepers().fetch_add(1, Ordering::SeqCst);
         let seen = self.bell().load(Ordering::SeqCst);
         if !ready() {
-            let ts = libc::timespec { tv_sec: timeout.as_secs() as libc::time_t, tv_nsec: timeout.subsec_nanos() as libc::c_long };
+            let ts = libc::timespec {
+                tv_sec: timeout.as_secs() as libc::time_t,
+                tv_nsec: timeout.subsec_nanos() as libc::c_long,
+            };
             // SAFETY: FUTEX_WAIT on a word inside the shared mapping, with a relative timeout;
             // returns at once if the bell already moved past `seen`.
             unsafe {
-                libc::syscall(libc::SYS_futex, self.bell() as *const AtomicU32, libc::FUTEX_WAIT, seen, &ts as *const libc::timespec, 0, 0);
+                libc::syscall(
+                    libc::SYS_futex,
+                    self.bell() as *const AtomicU32,
+                    libc::FUTEX_WAIT,
+                    seen,
+                    &ts as *const libc::timespec,
+                    0,
+                    0,
+                );
             }
         }
         self.sleepers().fetch_sub(1, Ordering::SeqCst);
@@ -237,7 +256,12 @@ impl Node {
     /// peers waiting on it fail at once instead of at the timeout.
     pub fn abort(&self) {
         let a: &AtomicU64 = self.at(64);
-        let _ = a.compare_exchange(0, self.ranks[self.me] as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
+        let _ = a.compare_exchange(
+            0,
+            self.ranks[self.me] as u64 + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         self.ring_bell();
     }
 
@@ -296,10 +320,23 @@ fn who(node: &Node, i: usize) -> usize {
 impl ShmFabric {
     pub fn new(node: Arc<Node>, timeout: Duration) -> ShmFabric {
         let rank = node.ranks[node.me];
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         let oversubscribed = node.geo.local_size > cpus;
-        let (spin_limit, yield_limit) = if oversubscribed { (64, 4) } else { (20_000, 200) };
-        ShmFabric { node, gen: 0, timeout, rank, spin_limit, yield_limit }
+        let (spin_limit, yield_limit) = if oversubscribed {
+            (64, 4)
+        } else {
+            (20_000, 200)
+        };
+        ShmFabric {
+            node,
+            gen: 0,
+            timeout,
+            rank,
+            spin_limit,
+            yield_limit,
+        }
     }
 
     pub fn local_size(&self) -> usize {
@@ -337,7 +374,10 @@ impl ShmFabric {
                 std::thread::yield_now();
                 continue;
             }
-            self.node.park(|| flag(j).load(Ordering::SeqCst) >= target, Duration::from_millis(20));
+            self.node.park(
+                || flag(j).load(Ordering::SeqCst) >= target,
+                Duration::from_millis(20),
+            );
             if checked.elapsed() < Duration::from_millis(50) {
                 continue;
             }
@@ -425,7 +465,15 @@ impl ShmFabric {
             let bytes = slices.iter().map(|s| s.1).sum::<usize>();
             let base = slices.first().map(|s| s.0).unwrap_or(0);
             if bytes <= slot {
-                return self.small_allreduce(dtype, op, src.add(base), work.add(base), bytes, desc, describe);
+                return self.small_allreduce(
+                    dtype,
+                    op,
+                    src.add(base),
+                    work.add(base),
+                    bytes,
+                    desc,
+                    describe,
+                );
             }
         }
         let mode = if let NodeMode::AllReduceSmall = mode {
@@ -504,7 +552,7 @@ impl ShmFabric {
                     if mode == NodeMode::AllReduce {
                         fence(Ordering::Release);
                         self.node.reduced(me).store(g, Ordering::Release);
-            self.node.ring_bell();
+                        self.node.ring_bell();
                         self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
                             self.node.reduced(j)
                         })?;
@@ -564,7 +612,7 @@ impl ShmFabric {
         std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
         std::ptr::copy_nonoverlapping(src, self.node.stage(me, s), bytes);
         self.node.ready(me).store(g, Ordering::Release);
-            self.node.ring_bell();
+        self.node.ring_bell();
         self.wait_all("all-reduce (waiting for peers' data)", g, |j| {
             self.node.ready(j)
         })?;
@@ -572,7 +620,7 @@ impl ShmFabric {
         let srcs: Vec<*const u8> = (0..l).map(|j| self.node.stage(j, s) as *const u8).collect();
         kernels::reduce_many_raw(dtype, op, work, &srcs, bytes);
         self.node.done(me).store(g, Ordering::Release);
-            self.node.ring_bell();
+        self.node.ring_bell();
         Ok(())
     }
 
@@ -700,8 +748,15 @@ impl Link for ShmLink {
         Ok(n)
     }
     fn check_peer(&self) -> Result<(), LinkError> {
-        if let Some(r) = self.node.aborted().filter(|&r| r != self.node.ranks[self.node.me]) {
-            return Err(LinkError::PeerGone(format!("rank {r} on {} abandoned the collective after an error", self.node.host)));
+        if let Some(r) = self
+            .node
+            .aborted()
+            .filter(|&r| r != self.node.ranks[self.node.me])
+        {
+            return Err(LinkError::PeerGone(format!(
+                "rank {r} on {} abandoned the collective after an error",
+                self.node.host
+            )));
         }
         if self.node.alive(self.peer) {
             Ok(())

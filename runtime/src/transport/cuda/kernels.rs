@@ -182,7 +182,7 @@ pub fn module_source(d: DataType, op: ReduceOp, half: HalfImpl) -> String {
     s.push_str(&prologue(d, half));
     s.push_str(&format!(
         r#"__device__ __forceinline__ {t} rr_combine({t} a, {t} b) {{ return {expr}; }}
-extern "C" __global__ void {name}({t}* __restrict__ dst, const unsigned long long* __restrict__ bases,
+extern "C" __global__ void {name}({t}* dst, const unsigned long long* bases,
     unsigned long long off, int nsrc, unsigned long long n) {{
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{
@@ -200,7 +200,7 @@ extern "C" __global__ void {name}({t}* __restrict__ dst, const unsigned long lon
     ));
     if op == ReduceOp::Avg {
         s.push_str(&format!(
-            r#"extern "C" __global__ void {name}({t}* __restrict__ buf, unsigned long long count, unsigned int n) {{
+            r#"extern "C" __global__ void {name}({t}* buf, unsigned long long count, unsigned int n) {{
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {{
     {t} a = buf[i];
@@ -332,7 +332,10 @@ mod tests {
             reduce_kernel_name(DataType::Bf16, ReduceOp::Max),
             "rr_reduce_bf16_max"
         );
-        assert_eq!(reduce_kernel_name(DataType::U8, ReduceOp::Sum), "rr_reduce_u8_sum");
+        assert_eq!(
+            reduce_kernel_name(DataType::U8, ReduceOp::Sum),
+            "rr_reduce_u8_sum"
+        );
         assert_eq!(avg_kernel_name(DataType::F64), "rr_avg_f64");
         let names: std::collections::HashSet<String> = DataType::ALL
             .iter()
@@ -356,20 +359,32 @@ mod tests {
             combine_expr(DataType::I64, ReduceOp::Min, HalfImpl::Headers),
             "((b < a) ? b : a)"
         );
-        assert_eq!(avg_expr(DataType::I32, HalfImpl::Headers), "(int)(a / (int)n)");
+        assert_eq!(
+            avg_expr(DataType::I32, HalfImpl::Headers),
+            "(int)(a / (int)n)"
+        );
     }
 
     #[test]
     fn floats_are_plain_ieee() {
-        assert_eq!(combine_expr(DataType::F32, ReduceOp::Sum, HalfImpl::Headers), "(a + b)");
-        assert_eq!(combine_expr(DataType::F64, ReduceOp::Prod, HalfImpl::Headers), "(a * b)");
+        assert_eq!(
+            combine_expr(DataType::F32, ReduceOp::Sum, HalfImpl::Headers),
+            "(a + b)"
+        );
+        assert_eq!(
+            combine_expr(DataType::F64, ReduceOp::Prod, HalfImpl::Headers),
+            "(a * b)"
+        );
         assert_eq!(
             combine_expr(DataType::F64, ReduceOp::Max, HalfImpl::Headers),
             "((b > a) ? b : a)"
         );
         assert_eq!(avg_expr(DataType::F32, HalfImpl::Headers), "(a / (float)n)");
         let o = compile_options(None, &[]);
-        assert!(o.contains(&"--fmad=false".to_string()), "no FMA contraction");
+        assert!(
+            o.contains(&"--fmad=false".to_string()),
+            "no FMA contraction"
+        );
         assert!(o.contains(&"--prec-div=true".to_string()));
     }
 
@@ -396,7 +411,9 @@ mod tests {
         let s = module_source(DataType::Bf16, ReduceOp::Avg, HalfImpl::Builtin);
         assert!(s.contains("rr_f2b(rr_b2f(a) / (float)n)"));
         // no header for non-half types
-        assert!(!module_source(DataType::F32, ReduceOp::Sum, HalfImpl::Headers).contains("#include"));
+        assert!(
+            !module_source(DataType::F32, ReduceOp::Sum, HalfImpl::Headers).contains("#include")
+        );
     }
 
     /// The built-in bf16 rounding written in the kernel, transcribed to Rust, agrees with the
@@ -422,19 +439,48 @@ mod tests {
             let f = f32::from_bits(x);
             assert_eq!(f2b(f), half::bf16::from_f32(f).to_bits(), "{f:e} ({x:#x})");
         }
-        for f in [0.0f32, -0.0, 1.0, 1.00390625, 1.01171875, f32::MAX, f32::INFINITY, -f32::INFINITY] {
+        for f in [
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::from_bits(0x3f80_8000), // exactly halfway: ties to even (down)
+            f32::from_bits(0x3f81_8000), // exactly halfway: ties to even (up)
+            f32::MAX,
+            f32::INFINITY,
+            -f32::INFINITY,
+        ] {
             assert_eq!(f2b(f), half::bf16::from_f32(f).to_bits(), "{f}");
         }
     }
 
     #[test]
     fn launch_geometry() {
-        assert_eq!(launch_dims(0, 132), LaunchDims { grid: 1, block: 256 });
-        assert_eq!(launch_dims(1, 132), LaunchDims { grid: 1, block: 256 });
+        assert_eq!(
+            launch_dims(0, 132),
+            LaunchDims {
+                grid: 1,
+                block: 256
+            }
+        );
+        assert_eq!(
+            launch_dims(1, 132),
+            LaunchDims {
+                grid: 1,
+                block: 256
+            }
+        );
         assert_eq!(launch_dims(256, 132).grid, 1);
         assert_eq!(launch_dims(257, 132).grid, 2);
-        assert_eq!(launch_dims(1 << 30, 132).grid, 132 * BLOCKS_PER_SM, "capped");
-        assert_eq!(launch_dims(1 << 30, 0).grid, BLOCKS_PER_SM, "unknown SM count");
+        assert_eq!(
+            launch_dims(1 << 30, 132).grid,
+            132 * BLOCKS_PER_SM,
+            "capped"
+        );
+        assert_eq!(
+            launch_dims(1 << 30, 0).grid,
+            BLOCKS_PER_SM,
+            "unknown SM count"
+        );
         assert_eq!(launch_dims(u64::MAX, u32::MAX).grid, i32::MAX as u32);
     }
 

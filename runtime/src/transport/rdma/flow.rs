@@ -79,9 +79,15 @@ pub enum FlowError {
     /// `post_data` without capacity, or of a bad length.
     Misuse(String),
     /// The peer wrote outside the window it was granted.
-    Overrun { seq: u64, consumed: u64, slots: u32 },
+    Overrun {
+        seq: u64,
+        consumed: u64,
+        slots: u32,
+    },
     /// Two arrivals for one slot.
-    Duplicate { seq: u64 },
+    Duplicate {
+        seq: u64,
+    },
     /// A completion or credit report that cannot correspond to anything posted.
     Bogus(String),
 }
@@ -422,10 +428,7 @@ mod tests {
 
     enum Op {
         /// A data write from `from`: the NIC reads the sender's staging memory when it executes.
-        Write {
-            from: usize,
-            post: DataPost,
-        },
+        Write { from: usize, post: DataPost },
         /// Receive completion at `to`.
         Arrive { to: usize, imm: u32, len: u32 },
         /// Send completion at `at`.
@@ -524,7 +527,10 @@ mod tests {
                 if !self.credit_q[to].is_empty() && self.rng.below(3) == 0 {
                     let (v, wr) = self.credit_q[to].pop_front().unwrap();
                     self.ends[to].mailbox = v;
-                    self.ops.push(Op::SendDone { at: 1 - to, wr_id: wr });
+                    self.ops.push(Op::SendDone {
+                        at: 1 - to,
+                        wr_id: wr,
+                    });
                     return true;
                 }
             }
@@ -532,7 +538,10 @@ mod tests {
                 for to in 0..2 {
                     if let Some((v, wr)) = self.credit_q[to].pop_front() {
                         self.ends[to].mailbox = v;
-                        self.ops.push(Op::SendDone { at: 1 - to, wr_id: wr });
+                        self.ops.push(Op::SendDone {
+                            at: 1 - to,
+                            wr_id: wr,
+                        });
                         return true;
                     }
                 }
@@ -598,7 +607,10 @@ mod tests {
             let mut steps = 0;
             while !self.done() {
                 steps += 1;
-                assert!(steps < max_steps, "no progress after {max_steps} steps (deadlock?)");
+                assert!(
+                    steps < max_steps,
+                    "no progress after {max_steps} steps (deadlock?)"
+                );
                 match self.rng.below(4) {
                     0 => {
                         let i = self.rng.below(2) as usize;
@@ -676,7 +688,10 @@ mod tests {
             tx.send_blocker(),
             Some("no credits (the peer has not consumed earlier messages)")
         );
-        assert!(tx.post_data(1).is_err(), "posting without credit is refused");
+        assert!(
+            tx.post_data(1).is_err(),
+            "posting without credit is refused"
+        );
         for p in &posts {
             tx.on_send_completion(p.wr_id).unwrap();
             rx.on_arrival(p.imm, p.len).unwrap();
@@ -685,7 +700,11 @@ mod tests {
         assert!(!tx.can_send());
         assert_eq!(rx.credit_due(true), None, "nothing consumed yet");
         assert!(rx.consume(16).unwrap());
-        assert_eq!(rx.credit_due(false), None, "1 of 4: not due while busy");
+        assert_eq!(
+            rx.credit_due(false),
+            Some(1),
+            "4 slots: report after every message"
+        );
         let v = rx.credit_due(true).expect("idle receiver reports");
         assert_eq!(v, 1);
         rx.on_credit_posted(v);
@@ -695,6 +714,25 @@ mod tests {
         let p = tx.post_data(3).unwrap();
         assert_eq!(p.slot, 0, "slot 0 reused after wrap of the ring");
         assert_eq!(p.seq, 4);
+    }
+
+    #[test]
+    fn credit_reports_are_batched_unless_idle() {
+        let c = cfg(8, 4, 64);
+        assert_eq!(c.report_every, 2);
+        let mut rx = Flow::new(c);
+        for i in 0..3 {
+            rx.on_arrival(i, 4).unwrap();
+        }
+        rx.consume(4).unwrap();
+        assert_eq!(rx.credit_due(false), None, "1 of 2, more to read: not due");
+        assert_eq!(rx.credit_due(true), Some(1), "idle: due at once");
+        rx.consume(4).unwrap();
+        assert_eq!(rx.credit_due(false), Some(2), "2 of 2: due");
+        rx.on_credit_posted(2);
+        rx.consume(4).unwrap();
+        assert_eq!(rx.credit_due(false), None);
+        assert_eq!(rx.credit_due(true), Some(3));
     }
 
     #[test]
@@ -751,7 +789,10 @@ mod tests {
     fn protocol_violations_are_errors() {
         let c = cfg(4, 8, 8);
         let mut rx = Flow::new(c);
-        assert!(matches!(rx.on_arrival(4, 1), Err(FlowError::Overrun { .. })));
+        assert!(matches!(
+            rx.on_arrival(4, 1),
+            Err(FlowError::Overrun { .. })
+        ));
         rx.on_arrival(1, 1).unwrap();
         assert_eq!(rx.on_arrival(1, 1), Err(FlowError::Duplicate { seq: 1 }));
         assert!(rx.on_arrival(2, 0).is_err(), "zero length");
@@ -760,7 +801,9 @@ mod tests {
 
         let mut tx = Flow::new(c);
         assert!(tx.on_credit(1).is_err(), "credit for unsent messages");
-        assert!(tx.on_send_completion(WrKind::Data { seq: 0 }.encode()).is_err());
+        assert!(tx
+            .on_send_completion(WrKind::Data { seq: 0 }.encode())
+            .is_err());
         let p = tx.post_data(1).unwrap();
         assert!(tx
             .on_send_completion(WrKind::Data { seq: 5 }.encode())

@@ -209,7 +209,14 @@ mod tests {
 
     #[test]
     fn errors_are_reported_not_panics() {
-        for bad in ["mlx5_0:x", "mlx5_0:", "mlx5_0:256", ":1", "mlx5_0,^mlx5_1", "a=b"] {
+        for bad in [
+            "mlx5_0:x",
+            "mlx5_0:",
+            "mlx5_0:256",
+            ":1",
+            "mlx5_0,^mlx5_1",
+            "a=b",
+        ] {
             let e = HcaFilter::parse(bad).unwrap_err();
             assert!(!e.0.is_empty(), "{bad}");
         }

@@ -1,0 +1,289 @@
+//! Device collectives' access to the communicator's internals. This is a child module of
+//! `comm` (declared there with one `#[cfg(feature = "cuda")]` line) so that it can run device
+//! calls in the communicator's call order (`blocking` / `submit`), under its poisoning rules,
+//! through the same executor and plans as host calls, without adding fields to `Inner`.
+//!
+//! Per-communicator device state (the GPU fabric, an internal stream, a pinned staging buffer)
+//! lives in a registry keyed by the communicator's shared state, held weakly: it is created
+//! collectively on the first device call and dropped with the last handle that looks it up
+//! after the communicator is gone.
+
+use super::{Communicator, Inner, Pending, Shared};
+use crate::error::{Error, Result};
+use crate::executor::{Bufs, Executor};
+use crate::transport::cuda::{
+    cuda_err, gpu_fabric, require_driver, FabricSetup, GpuPath, PinnedBuf,
+};
+use crate::transport::NodeFabric;
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
+use railring_collectives::plan::{Algo, CollKind, Step};
+use railring_collectives::{DataType, ReduceOp};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+
+/// A communicator's device resources.
+pub(crate) struct DeviceState {
+    ordinal: usize,
+    /// The stream device collectives run on (the fabric's, when there is one).
+    stream: Arc<CudaStream>,
+    path: GpuPath,
+    pinned: PinnedBuf,
+}
+
+type Slot = Arc<Mutex<Option<DeviceState>>>;
+type Registry = Mutex<Vec<(Weak<Shared>, Slot)>>;
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// This communicator's device slot (empty until the first device call fills it collectively).
+fn slot_of(c: &Communicator) -> Slot {
+    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    r.retain(|(w, _)| w.strong_count() > 0);
+    if let Some((_, s)) = r
+        .iter()
+        .find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&c.sh)))
+    {
+        return s.clone();
+    }
+    let s: Slot = Arc::new(Mutex::new(None));
+    r.push((Arc::downgrade(&c.sh), s.clone()));
+    s
+}
+
+/// Set up the device state on the first call (collective: every rank makes its first device
+/// call at the same point of the call order).
+fn ensure_state<'a>(
+    g: &mut Inner,
+    slot: &'a mut Option<DeviceState>,
+    ctx: &Arc<CudaContext>,
+) -> Result<&'a mut DeviceState> {
+    if let Some(st) = slot.as_ref() {
+        if st.ordinal != ctx.ordinal() {
+            return Err(Error::Invalid(format!(
+                "device collectives on this communicator use GPU {}; this buffer is on GPU {} \
+                 (use one device per communicator)",
+                st.ordinal,
+                ctx.ordinal()
+            )));
+        }
+    } else {
+        let rank = g.rank;
+        let node = g
+            .layout
+            .locate(rank)
+            .map(|(n, _)| n)
+            .ok_or_else(|| Error::Invalid("rank missing from layout".into()))?;
+        let local = g.layout.nodes[node].clone();
+        let me = local.iter().position(|&r| r == rank).unwrap_or(0);
+        let path = if g.size == 1 {
+            GpuPath::Staged("a single rank".into())
+        } else if g.layout.nodes.len() > 1 {
+            let why = "ranks on several nodes: network steps run on host memory".to_string();
+            tracing::info!(target: "railring::init", rank, "GPU collectives: staging through pinned host memory ({why})");
+            GpuPath::Staged(why)
+        } else {
+            let store = g
+                .store
+                .clone()
+                .ok_or_else(|| Error::Invalid("several local ranks but no store".into()))?;
+            let host_id = g
+                .peers
+                .get(rank)
+                .map(|p| p.host_id.clone())
+                .unwrap_or_default();
+            let setup = FabricSetup {
+                store: &store,
+                comm: g.comm,
+                epoch: g.seq,
+                job: &g.job,
+                host_id: &host_id,
+                host: crate::host::hostname(),
+                local: &local,
+                me,
+                timeout: g.cfg.timeout,
+            };
+            gpu_fabric(&setup, ctx)?
+        };
+        let stream = match &path {
+            GpuPath::Direct(f) => f.stream().clone(),
+            GpuPath::Staged(_) => ctx
+                .new_stream()
+                .map_err(|e| cuda_err(rank, "creating a CUDA stream", e))?,
+        };
+        *slot = Some(DeviceState {
+            ordinal: ctx.ordinal(),
+            stream,
+            path,
+            pinned: PinnedBuf::new(ctx.clone()),
+        });
+    }
+    slot.as_mut()
+        .ok_or_else(|| Error::Invalid("device state missing".into()))
+}
+
+/// One device all-reduce inside the communicator's call order. Waits for `ready` (recorded on
+/// the caller's stream) before touching the buffer; returns an event recorded after the last
+/// write, for the caller's stream to wait on.
+#[allow(clippy::too_many_arguments)]
+fn run_all_reduce(
+    g: &mut Inner,
+    slot: &Slot,
+    ctx: &Arc<CudaContext>,
+    ptr: u64,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    ready: &CudaEvent,
+) -> Result<CudaEvent> {
+    let rank = g.rank;
+    ctx.bind_to_thread()
+        .map_err(|e| cuda_err(rank, "binding the CUDA context", e))?;
+    let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
+    let st = ensure_state(g, &mut guard, ctx)?;
+    st.stream
+        .wait(ready)
+        .map_err(|e| cuda_err(rank, "ordering after the caller's stream", e))?;
+    let esz = dtype.size();
+    let count = bytes / esz;
+    if g.size == 1 {
+        g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
+    } else {
+        let direct = match &mut st.path {
+            GpuPath::Direct(fab) => {
+                let plan = g.plan(CollKind::AllReduce, Algo::TwoLevel, count, 0)?;
+                // Only in-node steps may touch device memory through the executor.
+                if plan.steps.iter().all(|s| {
+                    matches!(
+                        s,
+                        Step::NodeReduceScatter { .. } | Step::NodeAllGather { .. }
+                    )
+                }) {
+                    let desc = g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
+                    let fabric: &mut (dyn NodeFabric + 'static) = &mut **fab;
+                    let mut ex = Executor {
+                        rank: g.rank,
+                        size: g.size,
+                        links: &mut g.links,
+                        fabric: Some(fabric),
+                        timeout: g.cfg.timeout,
+                        chunk: g.cfg.net_chunk,
+                        staging: &mut g.staging,
+                    };
+                    let bufs = Bufs {
+                        work: ptr as *mut u8,
+                        work_bytes: bytes,
+                        input: std::ptr::null(),
+                        input_bytes: 0,
+                        src: None,
+                    };
+                    // SAFETY: `ptr` is device memory of `bytes` bytes on the fabric's device
+                    // (checked by the caller); the plan has only in-node steps, which the GPU
+                    // fabric runs with device copies and kernels (the host never dereferences
+                    // it).
+                    unsafe { ex.run(&plan, &desc, op, bufs)? };
+                    if op == ReduceOp::Avg && count > 0 {
+                        fab.finish_avg(ptr, count, dtype, g.size)?;
+                    }
+                    true
+                } else {
+                    false
+                }
+            }
+            GpuPath::Staged(_) => false,
+        };
+        if !direct {
+            staged(g, st, ptr, bytes, dtype, op)?;
+        }
+    }
+    st.stream
+        .record_event(None)
+        .map_err(|e| cuda_err(rank, "recording completion", e))
+}
+
+/// Copy to pinned host memory, run the host collective (same executor, shm fabric and network
+/// links), copy back.
+fn staged(
+    g: &mut Inner,
+    st: &mut DeviceState,
+    ptr: u64,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let rank = g.rank;
+    let host = st.pinned.ensure(bytes).map_err(|e| {
+        cuda_err(
+            rank,
+            format!("allocating {bytes} bytes of pinned memory"),
+            e,
+        )
+    })?;
+    if bytes > 0 {
+        // SAFETY: host has at least `bytes` bytes; ptr is device memory of `bytes` bytes.
+        unsafe { sys::cuMemcpyDtoHAsync_v2(host as *mut _, ptr, bytes, st.stream.cu_stream()) }
+            .result()
+            .map_err(|e| cuda_err(rank, "copying device data to host", e))?;
+        st.stream
+            .synchronize()
+            .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
+    }
+    // SAFETY: pinned host memory of at least `bytes` bytes, owned by the state we hold locked.
+    let buf = unsafe { std::slice::from_raw_parts_mut(host, bytes) };
+    g.all_reduce(buf, dtype, op)?;
+    if bytes > 0 {
+        // SAFETY: as above, host to device.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(ptr, host as *const _, bytes, st.stream.cu_stream()) }
+            .result()
+            .map_err(|e| cuda_err(rank, "copying the result to the device", e))?;
+        // The pinned buffer is reused by the next call: finish the copy before returning it.
+        st.stream
+            .synchronize()
+            .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
+    }
+    Ok(())
+}
+
+/// Blocking form: runs in call order on the caller's thread.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn all_reduce_device(
+    c: &Communicator,
+    ctx: &Arc<CudaContext>,
+    ptr: u64,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    ready: &CudaEvent,
+) -> Result<CudaEvent> {
+    require_driver(c.rank())?;
+    let slot = slot_of(c);
+    c.blocking(|g| run_all_reduce(g, &slot, ctx, ptr, bytes, dtype, op, ready))
+}
+
+/// Non-blocking form: queued behind earlier non-blocking calls on the communicator's worker.
+/// `finish` runs on the worker after the collective, with its completion event.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn all_reduce_device_start<R: Send + 'static>(
+    c: &Communicator,
+    ctx: Arc<CudaContext>,
+    ptr: u64,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    ready: CudaEvent,
+    finish: impl FnOnce(CudaEvent) -> Result<R> + Send + 'static,
+) -> Pending<R> {
+    let slot = slot_of(c);
+    c.submit(move |g| {
+        let done = run_all_reduce(g, &slot, &ctx, ptr, bytes, dtype, op, &ready)?;
+        finish(done)
+    })
+}
+
+/// A pending operation that has already failed (before it could be queued).
+pub(crate) fn failed<R>(e: Error) -> Pending<R> {
+    let (tx, rx) = mpsc::channel();
+    let _ = tx.send(Err(e));
+    Pending { rx }
+}

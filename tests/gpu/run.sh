@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One-command GPU check for a machine with (at least) one NVIDIA GPU: build with the `cuda`
+# feature (release), run gpucheck with 2 and then 4 ranks sharing GPU 0 (the CUDA IPC path),
+# checking every data type and operator, then print the busbw table beside the device-to-device
+# copy bandwidth. See tests/gpu/README.md. Exit status: 0 pass, 1 fail, 2 no GPU (skipped).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+LIMIT=${GPUCHECK_LIMIT:-150}          # seconds per run
+DEVICE=${GPUCHECK_DEVICE:-0}
+ARGS=${GPUCHECK_ARGS:-}               # e.g. "--quick" or "--max-bytes 64M"
+
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "SKIPPED: no NVIDIA driver/GPU here (nvidia-smi -L failed)"
+    exit 2
+fi
+nvidia-smi -L
+nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
+
+echo "== build: cargo build --release -p railrun -p railring-examples --features railring-examples/cuda"
+t0=$(date +%s)
+if ! cargo build --release -p railrun -p railring-examples --features railring-examples/cuda \
+        --bin railrun --bin gpucheck; then
+    echo "FAIL: build"
+    exit 1
+fi
+echo "== built in $(( $(date +%s) - t0 )) s"
+
+RR=target/release/railrun
+GC=target/release/gpucheck
+LOG=$(mktemp -d)
+trap 'rm -rf "$LOG"' EXIT
+status=0
+for np in 2 4; do
+    echo
+    echo "== $np ranks on GPU $DEVICE (limit ${LIMIT}s)"
+    t=$(date +%s)
+    RAILRING_DEBUG=INFO RAILRING_DEBUG_SUBSYS=init \
+        timeout -k 10 "$LIMIT" "$RR" -np "$np" "$GC" --device "$DEVICE" $ARGS \
+        > >(tee "$LOG/out.$np") 2> "$LOG/err.$np"
+    rc=$?
+    sleep 0.2
+    echo "== exit $rc after $(( $(date +%s) - t )) s"
+    grep -E "GPU in-node path|WRONG|error|panicked" "$LOG/err.$np" | sort | uniq -c | head -20
+    if [ "$rc" -ne 0 ]; then
+        echo "FAIL: $np ranks: exit status $rc; last lines of stderr:"
+        tail -30 "$LOG/err.$np"
+        status=1
+        continue
+    fi
+    if ! grep -q "direct reads of peers' device buffers" "$LOG/err.$np"; then
+        echo "FAIL: $np ranks: the CUDA IPC path was not used (staged through host instead?)"
+        status=1
+    fi
+    if ! grep -q "^# gpucheck: PASS" "$LOG/out.$np"; then
+        echo "FAIL: $np ranks: gpucheck did not report PASS"
+        status=1
+    fi
+done
+echo
+if [ "$status" -eq 0 ]; then echo "GPU CHECK: PASS"; else echo "GPU CHECK: FAIL"; fi
+exit "$status"
