@@ -112,7 +112,15 @@ impl Links for LinkTable {
             Box::new(ShmLink::new(node.clone(), li))
         } else {
             #[cfg(feature = "rdma")]
-            if let Some(l) = crate::transport::rdma::link_for(self.ib.as_ref(), self.store.as_ref(), self.comm, self.me, peer, chan, self.rail)? {
+            if let Some(l) = crate::transport::rdma::link_for(
+                self.ib.as_ref(),
+                self.store.as_ref(),
+                self.comm,
+                self.me,
+                peer,
+                chan,
+                self.rail,
+            )? {
                 let e = self.map.entry(key).or_insert(l);
                 return Ok(&mut **e as *mut dyn Link);
             }
@@ -231,6 +239,8 @@ struct Inner {
     rail: usize,
     /// The bootstrap store this rank serves (rank 0 under srun / torchrun-style env).
     store_server: Option<crate::bootstrap::store::ServerHandle>,
+    /// The last call's (kind, count, element size, root, algorithm, plan).
+    last: Option<(CollKind, usize, usize, usize, Arc<Plan>)>,
 }
 
 fn init_logging() {
@@ -522,7 +532,11 @@ impl Communicator {
         #[cfg(feature = "rdma")]
         if nodes.len() > 1 {
             let ib = crate::transport::rdma::select_net(rank)?;
-            c.sh.inner.lock().unwrap_or_else(|e| e.into_inner()).links.ib = ib;
+            c.sh.inner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .links
+                .ib = ib;
         }
         tracing::info!(target: "railring::init", rank, size, "node {node_index} local rank {local_rank}/{}, rail {rail}", local.len());
         Ok(c)
@@ -690,6 +704,7 @@ impl Communicator {
             split_seq: 0,
             rail: 0,
             store_server: None,
+            last: None,
         };
         Communicator {
             sh: Arc::new(Shared {
@@ -1387,32 +1402,45 @@ impl Inner {
             }
             return Ok(());
         }
-        let algo = self.algo(kind, count, dtype.size(), root);
-        // A two-level all-reduce over several nodes, big enough: cut it into segments and
-        // overlap each segment's network ring with the neighbours' in-node phases.
-        let seg = self.cfg.pipeline_seg / dtype.size();
-        let pipelined = kind == CollKind::AllReduce
-            && algo == Algo::TwoLevel
-            && self.layout.nodes.len() > 1
-            && self.layout.nodes.iter().all(|n| n.len() > 1)
-            && seg > 0
-            && count >= 2 * seg;
-        let segs: Vec<(usize, Arc<Plan>)> = if pipelined {
-            let k = count.div_ceil(seg);
-            let mut v = Vec::with_capacity(k);
-            for i in 0..k {
-                let (off, len) = railring_collectives::plan::split(count, k, i);
-                v.push((off, self.plan(kind, algo, len, root)?));
+        // The last call's shape and plan: repeated calls skip both map lookups. (Pipelined
+        // calls are not cached: they carry one plan per segment.)
+        let cached = match &self.last {
+            Some((k, c, e, r, p))
+                if *k == kind && *c == count && *e == dtype.size() && *r == root =>
+            {
+                Some(p.clone())
             }
-            v
-        } else {
-            Vec::new()
+            _ => None,
         };
-        let plan = if pipelined {
-            segs[0].1.clone()
-        } else {
-            self.plan(kind, algo, count, root)?
+        let (plan, segs) = match cached {
+            Some(p) => (p, Vec::new()),
+            None => {
+                let algo = self.algo(kind, count, dtype.size(), root);
+                // A two-level all-reduce over several nodes, big enough: cut it into segments
+                // and overlap each segment's network ring with the neighbours' in-node phases.
+                let seg = self.cfg.pipeline_seg / dtype.size();
+                let pipelined = kind == CollKind::AllReduce
+                    && algo == Algo::TwoLevel
+                    && self.layout.nodes.len() > 1
+                    && self.layout.nodes.iter().all(|n| n.len() > 1)
+                    && seg > 0
+                    && count >= 2 * seg;
+                if pipelined {
+                    let k = count.div_ceil(seg);
+                    let mut v = Vec::with_capacity(k);
+                    for i in 0..k {
+                        let (off, len) = railring_collectives::plan::split(count, k, i);
+                        v.push((off, self.plan(kind, algo, len, root)?));
+                    }
+                    (v[0].1.clone(), v)
+                } else {
+                    let plan = self.plan(kind, algo, count, root)?;
+                    self.last = Some((kind, count, dtype.size(), root, plan.clone()));
+                    (plan, Vec::new())
+                }
+            }
         };
+        let pipelined = !segs.is_empty();
         let mut ex = Executor {
             rank: self.rank,
             size: self.size,

@@ -28,6 +28,8 @@ const MAGIC: u64 = 0x5241_494c_5348_4d31; // "RAILSHM1"
 const HDR: usize = 4096;
 const CTL: usize = 384;
 const RING_HDR: usize = 128;
+/// Header line of a small all-reduce's staging slot (generation + descriptor).
+const SMALL_HDR: usize = 64;
 /// Descriptor bytes kept per rank for mismatch checks.
 pub const DESC: usize = 64;
 
@@ -175,9 +177,6 @@ impl Node {
     fn reduced(&self, i: usize) -> &AtomicU64 {
         self.at(self.geo.ctl_off(i) + 64)
     }
-    fn done(&self, i: usize) -> &AtomicU64 {
-        self.at(self.geo.ctl_off(i) + 128)
-    }
     fn pid(&self, i: usize) -> &AtomicU32 {
         self.at(self.geo.ctl_off(i) + 192)
     }
@@ -190,6 +189,11 @@ impl Node {
     fn stage(&self, i: usize, slot: usize) -> *mut u8 {
         // SAFETY: inside the mapping.
         unsafe { self.seg.base.add(self.geo.stage_off(i, slot)) }
+    }
+    /// The part of a staging slot used by chunked collectives (after the small header line).
+    fn chunk_area(&self, i: usize, slot: usize) -> *mut u8 {
+        // SAFETY: inside the slot.
+        unsafe { self.stage(i, slot).add(SMALL_HDR) }
     }
     fn ring(&self, from: usize, to: usize) -> (&AtomicU64, &AtomicU64, *mut u8) {
         let off = self.geo.ring_off(from, to);
@@ -209,8 +213,11 @@ impl Node {
     /// Publish a flag store: wake ranks sleeping on the bell (a futex shared by the node's
     /// processes). Costs one atomic add when nobody sleeps.
     pub fn ring_bell(&self) {
-        self.bell().fetch_add(1, Ordering::SeqCst);
+        // Callers store their flag with SeqCst first. A sleeper registers (SeqCst) before it
+        // reads the bell and re-checks its condition, so either it sees the new flag or we see it
+        // registered and move the bell; nobody sleeps through a store.
         if self.sleepers().load(Ordering::SeqCst) > 0 {
+            self.bell().fetch_add(1, Ordering::SeqCst);
             // SAFETY: FUTEX_WAKE on a 4-byte aligned word inside the shared mapping.
             unsafe {
                 libc::syscall(
@@ -460,11 +467,12 @@ impl ShmFabric {
             }
             return Ok(());
         }
-        let slot = self.node.geo.slot_bytes;
+        // chunked modes leave the slot's first line alone: it is the small all-reduce's flag
+        let slot = self.node.geo.slot_bytes - SMALL_HDR;
         if let NodeMode::AllReduceSmall = mode {
             let bytes = slices.iter().map(|s| s.1).sum::<usize>();
             let base = slices.first().map(|s| s.0).unwrap_or(0);
-            if bytes <= slot {
+            if bytes + SMALL_HDR <= slot {
                 return self.small_allreduce(
                     dtype,
                     op,
@@ -504,13 +512,13 @@ impl ShmFabric {
                 let (po, pl) = railring_collectives::plan::split(len / esz, nchunks, c);
                 (off + po * esz, pl * esz)
             };
-            if g > 2 {
-                self.wait_all("reuse of a staging slot", g - 2, |j| self.node.done(j))?;
-            }
+            // No wait before reusing slot s (last used by gen g-2): every generation ends with all
+            // ranks' `ready` >= g-1 observed, and a rank publishes `ready` for g-1 only after it
+            // finished g-2 entirely, so nobody still reads slot s.
             if c == 0 {
                 std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
             }
-            let mine = self.node.stage(me, s);
+            let mine = self.node.chunk_area(me, s);
             match mode {
                 NodeMode::AllGather => {
                     let (o, n) = piece(me);
@@ -529,7 +537,7 @@ impl ShmFabric {
                     }
                 }
             }
-            self.node.ready(me).store(g, Ordering::Release);
+            self.node.ready(me).store(g, Ordering::SeqCst);
             self.node.ring_bell();
             self.wait_all("collective (waiting for peers' data)", g, |j| {
                 self.node.ready(j)
@@ -541,7 +549,7 @@ impl ShmFabric {
                 NodeMode::ReduceScatter | NodeMode::AllReduce => {
                     let (o, n) = piece(me);
                     let srcs: Vec<*const u8> = (0..l)
-                        .map(|j| self.node.stage(j, s).add(me * piece_cap) as *const u8)
+                        .map(|j| self.node.chunk_area(j, s).add(me * piece_cap) as *const u8)
                         .collect();
                     let dst = if mode == NodeMode::ReduceScatter {
                         work.add(o)
@@ -551,7 +559,7 @@ impl ShmFabric {
                     kernels::reduce_many_raw(dtype, op, dst, &srcs, n);
                     if mode == NodeMode::AllReduce {
                         fence(Ordering::Release);
-                        self.node.reduced(me).store(g, Ordering::Release);
+                        self.node.reduced(me).store(g, Ordering::SeqCst);
                         self.node.ring_bell();
                         self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
                             self.node.reduced(j)
@@ -559,7 +567,7 @@ impl ShmFabric {
                         for j in 0..l {
                             let (o, n) = piece(j);
                             std::ptr::copy_nonoverlapping(
-                                self.node.stage(j, s).add(j * piece_cap),
+                                self.node.chunk_area(j, s).add(j * piece_cap),
                                 work.add(o),
                                 n,
                             );
@@ -570,7 +578,7 @@ impl ShmFabric {
                     for j in (0..l).filter(|&j| j != me) {
                         let (o, n) = piece(j);
                         std::ptr::copy_nonoverlapping(
-                            self.node.stage(j, s).add(j * piece_cap),
+                            self.node.chunk_area(j, s).add(j * piece_cap),
                             work.add(o),
                             n,
                         );
@@ -579,13 +587,15 @@ impl ShmFabric {
                 NodeMode::Broadcast { root } => {
                     if me != root {
                         let (o, n) = piece(0);
-                        std::ptr::copy_nonoverlapping(self.node.stage(root, s), work.add(o), n);
+                        std::ptr::copy_nonoverlapping(
+                            self.node.chunk_area(root, s),
+                            work.add(o),
+                            n,
+                        );
                     }
                 }
                 NodeMode::AllReduceSmall => unreachable!("rewritten above"),
             }
-            self.node.done(me).store(g, Ordering::Release);
-            self.node.ring_bell();
         }
         Ok(())
     }
@@ -601,26 +611,49 @@ impl ShmFabric {
         desc: &[u8; DESC],
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
+        // One cache line carries the flag and the descriptor: the slot starts with a header line
+        // [generation u64 | first 56 descriptor bytes (the rest are always zero)], data follows.
+        // A peer polls that line and finds the descriptor with the flag, then reads the data.
         let l = self.local_size();
         let me = self.node.me;
         self.gen += 1;
         let g = self.gen;
         let s = (g % 2) as usize;
-        if g > 2 {
-            self.wait_all("reuse of a staging slot", g - 2, |j| self.node.done(j))?;
+        // (slot reuse needs no wait: see node_op_from)
+        let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
+        let mine = self.node.stage(me, s);
+        std::ptr::copy_nonoverlapping(src, mine.add(SMALL_HDR), bytes);
+        std::ptr::copy_nonoverlapping(desc.as_ptr(), mine.add(8), SMALL_HDR - 8);
+        hdr(me).store(g, Ordering::SeqCst);
+        self.node.ring_bell();
+        self.wait_all("all-reduce (waiting for peers' data)", g, hdr)?;
+        for j in 0..l {
+            let theirs = std::slice::from_raw_parts(self.node.stage(j, s).add(8), SMALL_HDR - 8);
+            if theirs != &desc[..SMALL_HDR - 8] {
+                let mut full = [0u8; DESC];
+                full[..SMALL_HDR - 8].copy_from_slice(theirs);
+                return Err(Error::Mismatch {
+                    rank: self.rank,
+                    peer: who(&self.node, j),
+                    mine: describe(desc),
+                    theirs: describe(&full),
+                });
+            }
         }
-        std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
-        std::ptr::copy_nonoverlapping(src, self.node.stage(me, s), bytes);
-        self.node.ready(me).store(g, Ordering::Release);
-        self.node.ring_bell();
-        self.wait_all("all-reduce (waiting for peers' data)", g, |j| {
-            self.node.ready(j)
-        })?;
-        self.check_descs(s, desc, describe)?;
-        let srcs: Vec<*const u8> = (0..l).map(|j| self.node.stage(j, s) as *const u8).collect();
-        kernels::reduce_many_raw(dtype, op, work, &srcs, bytes);
-        self.node.done(me).store(g, Ordering::Release);
-        self.node.ring_bell();
+        let mut fixed = [std::ptr::null::<u8>(); 64];
+        let heap: Vec<*const u8>;
+        let srcs: &[*const u8] = if l <= fixed.len() {
+            for (j, p) in fixed.iter_mut().enumerate().take(l) {
+                *p = self.node.stage(j, s).add(SMALL_HDR);
+            }
+            &fixed[..l]
+        } else {
+            heap = (0..l)
+                .map(|j| self.node.stage(j, s).add(SMALL_HDR) as *const u8)
+                .collect();
+            &heap
+        };
+        kernels::reduce_many_raw(dtype, op, work, srcs, bytes);
         Ok(())
     }
 
@@ -722,7 +755,7 @@ impl Link for ShmLink {
             std::ptr::copy_nonoverlapping(data.as_ptr(), buf.add(pos), first);
             std::ptr::copy_nonoverlapping(data.as_ptr().add(first), buf, n - first);
         }
-        head.store(h + n as u64, Ordering::Release);
+        head.store(h + n as u64, Ordering::SeqCst);
         self.node.ring_bell();
         self.sent += n as u64;
         Ok(n)
@@ -743,7 +776,7 @@ impl Link for ShmLink {
             std::ptr::copy_nonoverlapping(buf.add(pos), out.as_mut_ptr(), first);
             std::ptr::copy_nonoverlapping(buf, out.as_mut_ptr().add(first), n - first);
         }
-        tail.store(t + n as u64, Ordering::Release);
+        tail.store(t + n as u64, Ordering::SeqCst);
         self.node.ring_bell();
         Ok(n)
     }
