@@ -44,6 +44,8 @@ struct Shared {
     turn: Mutex<(u64, u64)>,
     turn_cv: Condvar,
     worker: Mutex<Option<mpsc::Sender<Box<dyn FnOnce() + Send>>>>,
+    /// Set once the worker exists: from then on calls take tickets.
+    worker_started: std::sync::atomic::AtomicBool,
     rank: usize,
     size: usize,
     local_rank: usize,
@@ -566,8 +568,22 @@ impl Communicator {
         let Some(me) = bindings.get(local_rank) else {
             return fallback;
         };
-        if let Err(e) = apply_cpu_binding(&me.cpus) {
-            tracing::warn!(target: "railring::topo", rank, "could not bind CPUs {:?}: {e}", me.cpus);
+        // More local ranks share this CPU set than it has CPUs (a 2-core laptop running 4
+        // ranks): pin each to one CPU of the set, round-robin, so each core keeps the same
+        // processes and waits hand the core straight to a peer instead of migrating it.
+        let sharers: Vec<usize> = (0..bindings.len())
+            .filter(|&i| bindings[i].cpus == me.cpus)
+            .collect();
+        let cpus = if !me.cpus.is_empty() && sharers.len() > me.cpus.len() {
+            let k = sharers.iter().position(|&i| i == local_rank).unwrap_or(0);
+            let c = vec![me.cpus[k % me.cpus.len()]];
+            tracing::info!(target: "railring::topo", rank, "{} local ranks share CPUs {}: oversubscribed, pinned to CPU {}", sharers.len(), crate::topology::format_cpulist(&me.cpus), c[0]);
+            c
+        } else {
+            me.cpus.clone()
+        };
+        if let Err(e) = apply_cpu_binding(&cpus) {
+            tracing::warn!(target: "railring::topo", rank, "could not bind CPUs {cpus:?}: {e}");
         }
         let rail_of = |b: &crate::topology::Binding| {
             let nic = b.nics.first()?;
@@ -712,6 +728,7 @@ impl Communicator {
                 turn: Mutex::new((0, 0)),
                 turn_cv: Condvar::new(),
                 worker: Mutex::new(None),
+                worker_started: std::sync::atomic::AtomicBool::new(false),
                 rank,
                 size,
                 local_rank,
@@ -822,10 +839,8 @@ impl Communicator {
         // need no tickets: the fast path for small messages is one uncontended lock.
         let worker_started = self
             .sh
-            .worker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
+            .worker_started
+            .load(std::sync::atomic::Ordering::Acquire);
         if !worker_started {
             let mut g = self.lock();
             return Inner::guarded(&mut g, f);
@@ -857,6 +872,9 @@ impl Communicator {
                 });
             if spawned.is_ok() {
                 *w = Some(jtx);
+                self.sh
+                    .worker_started
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
         }
         match w.as_ref() {

@@ -309,11 +309,21 @@ impl<'a> Executor<'a> {
                 fabric.ranks()
             )));
         }
-        let mut byte_slices = Vec::with_capacity(slices.len());
-        for s in slices {
+        let mut fixed = [(0usize, 0usize); 16];
+        let mut heap = Vec::new();
+        for (i, s) in slices.iter().enumerate() {
             let (p, n) = bufs.region(s, esz)?;
-            byte_slices.push((p as usize - bufs.work as usize, n));
+            let e = (p as usize - bufs.work as usize, n);
+            match fixed.get_mut(i) {
+                Some(f) if slices.len() <= 16 => *f = e,
+                _ => heap.push(e),
+            }
         }
+        let byte_slices: &[(usize, usize)] = if slices.len() <= 16 {
+            &fixed[..slices.len()]
+        } else {
+            &heap
+        };
         match src {
             Some(p) => fabric.node_op_from(
                 mode,
@@ -321,7 +331,7 @@ impl<'a> Executor<'a> {
                 op,
                 p,
                 bufs.work,
-                &byte_slices,
+                byte_slices,
                 d,
                 &CallDesc::describe_bytes,
             ),
@@ -330,7 +340,7 @@ impl<'a> Executor<'a> {
                 dtype,
                 op,
                 bufs.work,
-                &byte_slices,
+                byte_slices,
                 d,
                 &CallDesc::describe_bytes,
             ),

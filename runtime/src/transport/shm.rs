@@ -332,7 +332,7 @@ impl ShmFabric {
             .unwrap_or(1);
         let oversubscribed = node.geo.local_size > cpus;
         let (spin_limit, yield_limit) = if oversubscribed {
-            (64, 4)
+            (16, 1000)
         } else {
             (20_000, 200)
         };
