@@ -1340,13 +1340,7 @@ impl Inner {
                 "one node: in-node shared-memory fabric".into(),
             );
         }
-        railring_collectives::cost::CostModel::default_cpu().choose(
-            kind,
-            &self.layout,
-            count,
-            esz,
-            root,
-        )
+        self.cfg.cost.choose(kind, &self.layout, count, esz, root)
     }
 
     fn plan(&mut self, kind: CollKind, algo: Algo, count: usize, root: usize) -> Result<Arc<Plan>> {

@@ -20,6 +20,10 @@ pub struct Config {
     pub net_chunk: usize,
     /// `RAILRING_CONNECT_TIMEOUT` (seconds, default 30): bootstrap and data-plane connects.
     pub connect_timeout: Duration,
+    /// The cost model the algorithm choice uses: defaults, with in-node latency raised when
+    /// local ranks outnumber CPUs (every in-node step then costs context switches), then
+    /// `RAILRING_COST` overrides (`net_beta=1.25e8,net_alpha=5e-5,...`).
+    pub cost: railring_collectives::cost::CostModel,
     /// `RAILRING_PIPELINE_SEG` (bytes, default 4 MiB; 0 disables): segment size of the
     /// pipelined two-level all-reduce across nodes.
     pub pipeline_seg: usize,
@@ -48,6 +52,38 @@ fn parse_num(name: &str, default: u64, min: u64, max: u64) -> Result<u64> {
             Ok(n)
         }
     }
+}
+
+fn cost_model() -> Result<railring_collectives::cost::CostModel> {
+    let mut m = railring_collectives::cost::CostModel::default_cpu();
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let local = var("RAILRING_LOCAL_SIZE")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(1);
+    if local > cpus {
+        // measured here: an in-node flag round costs a few context switches (~5-20 us)
+        let _ = m.set("local_alpha", 20e-6);
+    }
+    if let Some(v) = var("RAILRING_COST") {
+        for item in v.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let bad = |why: String| Error::Env {
+                var: "RAILRING_COST".into(),
+                value: v.clone(),
+                why,
+            };
+            let (k, x) = item
+                .split_once('=')
+                .ok_or_else(|| bad(format!("'{item}' is not key=value")))?;
+            let x: f64 = x
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("'{x}' is not a number")))?;
+            m.set(k.trim(), x).map_err(bad)?;
+        }
+    }
+    Ok(m)
 }
 
 /// `8`, `64K`, `2M`, `1G` → bytes (binary multiples, as nccl-tests).
@@ -86,6 +122,7 @@ impl Config {
                 3600,
             )?),
             pipeline_seg: parse_num("RAILRING_PIPELINE_SEG", 4 << 20, 0, 1 << 40)? as usize,
+            cost: cost_model()?,
         })
     }
 }

@@ -574,6 +574,17 @@ impl<'a> Executor<'a> {
         let mut s_hdr = if send.is_some_and(|s| s.4) { 0 } else { DESC };
         let mut s_off = 0usize;
         let s_len = send.map(|s| s.3).unwrap_or(0);
+        // A small send with its descriptor goes out as one write (one packet on TCP).
+        let combined: Option<Vec<u8>> = match send {
+            Some((_, _, ptr, n, true)) if n <= 16 << 10 => {
+                let mut v = Vec::with_capacity(DESC + n);
+                v.extend_from_slice(d);
+                v.extend_from_slice(std::slice::from_raw_parts(ptr, n));
+                Some(v)
+            }
+            _ => None,
+        };
+        let mut c_off = 0usize;
         let mut s_done = send.is_none();
         // recv state
         let mut r_hdr_buf = [0u8; DESC];
@@ -588,7 +599,17 @@ impl<'a> Executor<'a> {
             if let (false, Some((peer, _, ptr, _, _)), Some(l)) = (s_done, send, sl) {
                 let l = &mut *l;
                 loop {
-                    let n = if s_hdr < DESC {
+                    let n = if let Some(c) = &combined {
+                        let n = l
+                            .try_send(&c[c_off..])
+                            .map_err(|e| self.link_err(peer, e))?;
+                        c_off += n;
+                        if c_off == c.len() {
+                            s_hdr = DESC;
+                            s_off = s_len;
+                        }
+                        n
+                    } else if s_hdr < DESC {
                         let n = l
                             .try_send(&d[s_hdr..])
                             .map_err(|e| self.link_err(peer, e))?;
