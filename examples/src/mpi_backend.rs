@@ -86,7 +86,10 @@ fn operation(op: ReduceOp) -> SystemOperation {
 
 fn count(bytes: usize, d: DataType) -> Result<c_int, String> {
     c_int::try_from(bytes / d.size()).map_err(|_| {
-        format!("{bytes} bytes of {} is more elements than MPI's int count allows", d.name())
+        format!(
+            "{bytes} bytes of {} is more elements than MPI's int count allows",
+            d.name()
+        )
     })
 }
 
@@ -108,19 +111,34 @@ impl Mpi {
             .map(|s| {
                 // "Open MPI v4.1.4, package: ..." / "MPICH Version: 4.0 ...": the first phrase
                 let s = s.replace('\0', "");
-                let first = s.lines().next().unwrap_or("").split(',').next().unwrap_or("").trim();
+                let first = s
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .next()
+                    .unwrap_or("")
+                    .trim();
                 first.chars().take(60).collect::<String>()
             })
             .unwrap_or_else(|_| "MPI".into());
         // MPI_IN_PLACE is a macro (a special address) the mpi crate does not export.
         let in_place = if library.contains("Open MPI") {
             Some(1usize as *mut c_void)
-        } else if ["MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH"].iter().any(|s| library.contains(s)) {
+        } else if ["MPICH", "Intel(R) MPI", "MVAPICH", "CRAY MPICH"]
+            .iter()
+            .any(|s| library.contains(s))
+        {
             Some(usize::MAX as *mut c_void)
         } else {
             None
         };
-        Ok(Mpi { world, in_place, library, _universe: universe })
+        Ok(Mpi {
+            world,
+            in_place,
+            library,
+            _universe: universe,
+        })
     }
 
     pub fn library(&self) -> &str {
@@ -136,7 +154,15 @@ impl Mpi {
 
     /// One out-of-place call through the mpi crate. `out` receives the result in the driver's
     /// layout (reduce-scatter: this rank's block at the start).
-    fn out_of_place(&self, c: Coll, dt: DataType, op: ReduceOp, root: usize, input: &[u8], out: &mut [u8]) -> Result<(), String> {
+    fn out_of_place(
+        &self,
+        c: Coll,
+        dt: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), String> {
         let d = datatype(dt)?;
         let (n, me) = (self.n(), self.me());
         let w = &self.world;
@@ -151,7 +177,8 @@ impl Mpi {
                 Coll::ReduceScatter => {
                     let per = input.len() / n;
                     let s = View::with_count_and_datatype(input, count(per * n, dt)?, &d);
-                    let mut r = MutView::with_count_and_datatype(&mut out[..per], count(per, dt)?, &d);
+                    let mut r =
+                        MutView::with_count_and_datatype(&mut out[..per], count(per, dt)?, &d);
                     w.reduce_scatter_block_into(&s, &mut r, operation(op));
                 }
                 Coll::AllGather => {
@@ -198,7 +225,15 @@ impl Mpi {
     }
 
     /// One in-place call with `MPI_IN_PLACE` (raw bindings).
-    fn in_place(&self, ip: *mut c_void, c: Coll, dt: DataType, op: ReduceOp, root: usize, buf: &mut [u8]) -> Result<(), String> {
+    fn in_place(
+        &self,
+        ip: *mut c_void,
+        c: Coll,
+        dt: DataType,
+        op: ReduceOp,
+        root: usize,
+        buf: &mut [u8],
+    ) -> Result<(), String> {
         use mpi::ffi;
         let d = datatype(dt)?.as_raw();
         let o = operation(op).as_raw();
@@ -209,24 +244,42 @@ impl Mpi {
         // implementation's own value (see `init`).
         unsafe {
             match c {
-                Coll::AllReduce => rc("MPI_Allreduce", ffi::MPI_Allreduce(ip, p, count(buf.len(), dt)?, d, o, comm)),
+                Coll::AllReduce => rc(
+                    "MPI_Allreduce",
+                    ffi::MPI_Allreduce(ip, p, count(buf.len(), dt)?, d, o, comm),
+                ),
                 Coll::ReduceScatter => {
                     let per = buf.len() / n;
-                    rc("MPI_Reduce_scatter_block", ffi::MPI_Reduce_scatter_block(ip, p, count(per, dt)?, d, o, comm))?;
+                    rc(
+                        "MPI_Reduce_scatter_block",
+                        ffi::MPI_Reduce_scatter_block(ip, p, count(per, dt)?, d, o, comm),
+                    )?;
                     buf.copy_within(0..per, me * per);
                     Ok(())
                 }
                 Coll::AllGather => {
                     let per = count(buf.len() / n, dt)?;
-                    rc("MPI_Allgather", ffi::MPI_Allgather(ip, 0, d, p, per, d, comm))
+                    rc(
+                        "MPI_Allgather",
+                        ffi::MPI_Allgather(ip, 0, d, p, per, d, comm),
+                    )
                 }
-                Coll::Broadcast => rc("MPI_Bcast", ffi::MPI_Bcast(p, count(buf.len(), dt)?, d, root as c_int, comm)),
+                Coll::Broadcast => rc(
+                    "MPI_Bcast",
+                    ffi::MPI_Bcast(p, count(buf.len(), dt)?, d, root as c_int, comm),
+                ),
                 Coll::Reduce => {
                     let k = count(buf.len(), dt)?;
                     if me == root {
-                        rc("MPI_Reduce", ffi::MPI_Reduce(ip, p, k, d, o, root as c_int, comm))
+                        rc(
+                            "MPI_Reduce",
+                            ffi::MPI_Reduce(ip, p, k, d, o, root as c_int, comm),
+                        )
                     } else {
-                        rc("MPI_Reduce", ffi::MPI_Reduce(p, std::ptr::null_mut(), k, d, o, root as c_int, comm))
+                        rc(
+                            "MPI_Reduce",
+                            ffi::MPI_Reduce(p, std::ptr::null_mut(), k, d, o, root as c_int, comm),
+                        )
                     }
                 }
                 Coll::AllToAll => {
@@ -238,7 +291,17 @@ impl Mpi {
                     let mut st = std::mem::MaybeUninit::<ffi::MPI_Status>::uninit();
                     rc(
                         "MPI_Sendrecv_replace",
-                        ffi::MPI_Sendrecv_replace(p, k, d, ((me + 1) % n) as c_int, 0, ((me + n - 1) % n) as c_int, 0, comm, st.as_mut_ptr()),
+                        ffi::MPI_Sendrecv_replace(
+                            p,
+                            k,
+                            d,
+                            ((me + 1) % n) as c_int,
+                            0,
+                            ((me + n - 1) % n) as c_int,
+                            0,
+                            comm,
+                            st.as_mut_ptr(),
+                        ),
                     )
                 }
             }
@@ -271,7 +334,15 @@ impl Backend for Mpi {
     fn size(&self) -> usize {
         self.n()
     }
-    fn call(&self, c: Coll, dtype: DataType, op: ReduceOp, root: usize, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), String> {
+    fn call(
+        &self,
+        c: Coll,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+    ) -> Result<(), String> {
         datatype(dtype)?;
         match (input, self.in_place) {
             (Some(i), _) => self.out_of_place(c, dtype, op, root, i, output)?,
@@ -322,13 +393,24 @@ impl Backend for Mpi {
         }
         let mut all = vec![0u8; 160 * self.n()];
         root.gather_into_root(&mine[..], &mut all[..]);
-        Ok(all.chunks(160).map(|c| String::from_utf8_lossy(c).trim_end_matches('\0').to_string()).collect())
+        Ok(all
+            .chunks(160)
+            .map(|c| {
+                String::from_utf8_lossy(c)
+                    .trim_end_matches('\0')
+                    .to_string()
+            })
+            .collect())
     }
     fn describe_buffers(&self) -> String {
         format!(
             "{}, heap buffers, in-place {}",
             self.library,
-            if self.in_place.is_some() { "via MPI_IN_PLACE" } else { "emulated by a copy (unknown MPI_IN_PLACE)" }
+            if self.in_place.is_some() {
+                "via MPI_IN_PLACE"
+            } else {
+                "emulated by a copy (unknown MPI_IN_PLACE)"
+            }
         )
     }
 }

@@ -42,16 +42,22 @@ pub enum Coll {
 
 impl Coll {
     pub fn parse(s: &str) -> Option<Coll> {
-        Some(match s.to_ascii_lowercase().replace(['_', '-'], "").trim_end_matches("perf") {
-            "allreduce" => Coll::AllReduce,
-            "reducescatter" => Coll::ReduceScatter,
-            "allgather" => Coll::AllGather,
-            "broadcast" | "bcast" => Coll::Broadcast,
-            "reduce" => Coll::Reduce,
-            "alltoall" => Coll::AllToAll,
-            "sendrecv" => Coll::SendRecv,
-            _ => return None,
-        })
+        Some(
+            match s
+                .to_ascii_lowercase()
+                .replace(['_', '-'], "")
+                .trim_end_matches("perf")
+            {
+                "allreduce" => Coll::AllReduce,
+                "reducescatter" => Coll::ReduceScatter,
+                "allgather" => Coll::AllGather,
+                "broadcast" | "bcast" => Coll::Broadcast,
+                "reduce" => Coll::Reduce,
+                "alltoall" => Coll::AllToAll,
+                "sendrecv" => Coll::SendRecv,
+                _ => return None,
+            },
+        )
     }
     pub fn name(self) -> &'static str {
         match self {
@@ -132,11 +138,21 @@ impl Options {
             let mut val = |name: &str| -> Result<String, String> {
                 match &inline {
                     Some(v) => Ok(v.clone()),
-                    None => it.next().cloned().ok_or_else(|| format!("{name} needs a value")),
+                    None => it
+                        .next()
+                        .cloned()
+                        .ok_or_else(|| format!("{name} needs a value")),
                 }
             };
-            let size = |v: String, name: &str| railring::config::parse_size(&v).ok_or_else(|| format!("{name}: '{v}' is not a size (e.g. 8, 64K, 256M)"));
-            let num = |v: String, name: &str| v.trim().parse::<u64>().map_err(|_| format!("{name}: '{v}' is not a number"));
+            let size = |v: String, name: &str| {
+                railring::config::parse_size(&v)
+                    .ok_or_else(|| format!("{name}: '{v}' is not a size (e.g. 8, 64K, 256M)"))
+            };
+            let num = |v: String, name: &str| {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| format!("{name}: '{v}' is not a number"))
+            };
             match flag.as_str() {
                 "-b" | "--minbytes" => o.minbytes = size(val("-b")?, "-b")?,
                 "-e" | "--maxbytes" => o.maxbytes = size(val("-e")?, "-e")?,
@@ -147,11 +163,19 @@ impl Options {
                 "-c" | "--check" => o.check = num(val("-c")?, "-c")? != 0,
                 "-o" | "--op" => {
                     let v = val("-o")?;
-                    o.ops = if v == "all" { ReduceOp::ALL.to_vec() } else { vec![v.parse::<ReduceOp>()?] };
+                    o.ops = if v == "all" {
+                        ReduceOp::ALL.to_vec()
+                    } else {
+                        vec![v.parse::<ReduceOp>()?]
+                    };
                 }
                 "-d" | "--datatype" => {
                     let v = val("-d")?;
-                    o.dtypes = if v == "all" { DataType::ALL.to_vec() } else { vec![v.parse::<DataType>()?] };
+                    o.dtypes = if v == "all" {
+                        DataType::ALL.to_vec()
+                    } else {
+                        vec![v.parse::<DataType>()?]
+                    };
                 }
                 "-r" | "--root" => o.root = num(val("-r")?, "-r")? as usize,
                 "-a" | "--average" => {
@@ -164,7 +188,8 @@ impl Options {
                 "-J" | "--output_file" => o.json = Some(val("-J")?),
                 "-h" | "--help" => o.help = true,
                 // accepted for command-line compatibility with nccl-tests; no meaning here
-                "-t" | "--nthreads" | "-g" | "--ngpus" | "-m" | "--agg_iters" | "-G" | "--cudagraph" | "-p" | "--parallel_init" => {
+                "-t" | "--nthreads" | "-g" | "--ngpus" | "-m" | "--agg_iters" | "-G"
+                | "--cudagraph" | "-p" | "--parallel_init" => {
                     val(&flag)?;
                 }
                 f if f.starts_with("--") => o.rest.push(a.clone()),
@@ -179,7 +204,10 @@ impl Options {
             return Err("-n must be at least 1".into());
         }
         if o.minbytes > o.maxbytes {
-            return Err(format!("-b {} is larger than -e {}", o.minbytes, o.maxbytes));
+            return Err(format!(
+                "-b {} is larger than -e {}",
+                o.minbytes, o.maxbytes
+            ));
         }
         if o.maxbytes > 1 << 40 {
             return Err("-e above 1T".into());
@@ -219,9 +247,26 @@ pub trait Backend {
     fn size(&self) -> usize;
     /// One call. Out-of-place when `input` is `Some` (its length depends on the collective; see
     /// [`Layout`]), in-place otherwise.
-    fn call(&self, c: Coll, dtype: DataType, op: ReduceOp, root: usize, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), String>;
+    fn call(
+        &self,
+        c: Coll,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+    ) -> Result<(), String>;
     /// `iters` calls back to back (non-blocking implementations may overlap them).
-    fn calls(&self, iters: usize, c: Coll, dtype: DataType, op: ReduceOp, root: usize, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), String> {
+    fn calls(
+        &self,
+        iters: usize,
+        c: Coll,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+    ) -> Result<(), String> {
         for _ in 0..iters {
             self.call(c, dtype, op, root, input, output)?;
         }
@@ -249,20 +294,38 @@ pub fn layout(c: Coll, size: u64, dtype: DataType, n: usize) -> Layout {
     let t = dtype.size();
     let total = (size as usize) / t;
     match c {
-        Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => {
-            Layout { count: total, in_bytes: total * t, out_bytes: total * t, size_bytes: total * t }
-        }
+        Coll::AllReduce | Coll::Broadcast | Coll::Reduce | Coll::SendRecv => Layout {
+            count: total,
+            in_bytes: total * t,
+            out_bytes: total * t,
+            size_bytes: total * t,
+        },
         Coll::ReduceScatter => {
             let per = total / n;
-            Layout { count: per, in_bytes: per * n * t, out_bytes: per * n * t, size_bytes: per * n * t }
+            Layout {
+                count: per,
+                in_bytes: per * n * t,
+                out_bytes: per * n * t,
+                size_bytes: per * n * t,
+            }
         }
         Coll::AllGather => {
             let per = total / n;
-            Layout { count: per, in_bytes: per * t, out_bytes: per * n * t, size_bytes: per * n * t }
+            Layout {
+                count: per,
+                in_bytes: per * t,
+                out_bytes: per * n * t,
+                size_bytes: per * n * t,
+            }
         }
         Coll::AllToAll => {
             let per = total / n;
-            Layout { count: per, in_bytes: per * n * t, out_bytes: per * n * t, size_bytes: per * n * t }
+            Layout {
+                count: per,
+                in_bytes: per * n * t,
+                out_bytes: per * n * t,
+                size_bytes: per * n * t,
+            }
         }
     }
 }
@@ -300,11 +363,13 @@ fn encode(dtype: DataType, v: i64, out: &mut [u8]) {
 fn fill(buf: &mut [u8], dtype: DataType, op: ReduceOp, r: usize, base: usize) {
     let t = dtype.size();
     // The pattern repeats every 1021 elements: encode one period, then copy it.
-    let period: Vec<u8> = (0..1021).flat_map(|k| {
-        let mut e = vec![0u8; t];
-        encode(dtype, value(op, r, base + k), &mut e);
-        e
-    }).collect();
+    let period: Vec<u8> = (0..1021)
+        .flat_map(|k| {
+            let mut e = vec![0u8; t];
+            encode(dtype, value(op, r, base + k), &mut e);
+            e
+        })
+        .collect();
     for (i, ch) in buf.chunks_mut(1021 * t).enumerate() {
         let _ = i;
         ch.copy_from_slice(&period[..ch.len()]);
@@ -340,7 +405,17 @@ fn bytes(v: &mut [u64], n: usize) -> &mut [u8] {
 
 /// Set up buffers for a run. For in-place runs the input is placed inside the output buffer
 /// the way each in-place collective expects it.
-fn prepare(c: Coll, l: &Layout, dtype: DataType, op: ReduceOp, me: usize, n: usize, root: usize, b: &mut Buffers, inplace: bool) {
+fn prepare(
+    c: Coll,
+    l: &Layout,
+    dtype: DataType,
+    op: ReduceOp,
+    me: usize,
+    n: usize,
+    root: usize,
+    b: &mut Buffers,
+    inplace: bool,
+) {
     let t = dtype.size();
     let (inb, outb) = (l.in_bytes, l.out_bytes);
     let input = bytes(&mut b.input, inb);
@@ -357,7 +432,9 @@ fn prepare(c: Coll, l: &Layout, dtype: DataType, op: ReduceOp, me: usize, n: usi
     output.fill(0xEE);
     if inplace {
         match c {
-            Coll::AllGather => output[me * l.count * t..(me + 1) * l.count * t].copy_from_slice(&inp_copy),
+            Coll::AllGather => {
+                output[me * l.count * t..(me + 1) * l.count * t].copy_from_slice(&inp_copy)
+            }
             _ => output[..inb].copy_from_slice(&inp_copy),
         }
     }
@@ -366,7 +443,17 @@ fn prepare(c: Coll, l: &Layout, dtype: DataType, op: ReduceOp, me: usize, n: usi
 
 /// Count wrong elements of this rank's result.
 #[allow(clippy::too_many_arguments)]
-fn check(c: Coll, l: &Layout, dtype: DataType, op: ReduceOp, me: usize, n: usize, root: usize, out: &[u8], table: &[u8]) -> u64 {
+fn check(
+    c: Coll,
+    l: &Layout,
+    dtype: DataType,
+    op: ReduceOp,
+    me: usize,
+    n: usize,
+    root: usize,
+    out: &[u8],
+    table: &[u8],
+) -> u64 {
     let t = dtype.size();
     let mut wrong = 0u64;
     let mut e = vec![0u8; t];
@@ -376,7 +463,9 @@ fn check(c: Coll, l: &Layout, dtype: DataType, op: ReduceOp, me: usize, n: usize
         }
     };
     match c {
-        Coll::AllReduce => (0..l.count).for_each(|i| cmp(i, &table[(i % 1021) * t..(i % 1021 + 1) * t])),
+        Coll::AllReduce => {
+            (0..l.count).for_each(|i| cmp(i, &table[(i % 1021) * t..(i % 1021 + 1) * t]))
+        }
         Coll::Reduce => {
             if me == root {
                 (0..l.count).for_each(|i| cmp(i, &table[(i % 1021) * t..(i % 1021 + 1) * t]))
@@ -408,7 +497,11 @@ fn check(c: Coll, l: &Layout, dtype: DataType, op: ReduceOp, me: usize, n: usize
         Coll::AllToAll => {
             for i in 0..l.count * n {
                 let j = i / l.count.max(1);
-                encode(dtype, value(op, j, me * l.count + i % l.count.max(1)), &mut e);
+                encode(
+                    dtype,
+                    value(op, j, me * l.count + i % l.count.max(1)),
+                    &mut e,
+                );
                 cmp(i, &e.clone());
             }
         }
@@ -447,11 +540,23 @@ pub struct Row {
 
 /// Time one variant (out-of-place or in-place) of one size; returns (time in µs, wrong).
 #[allow(clippy::too_many_arguments)]
-pub fn measure(be: &dyn Backend, o: &Options, c: Coll, dtype: DataType, op: ReduceOp, size: u64, inplace: bool, table: &[u8]) -> Result<(f64, u64), String> {
+pub fn measure(
+    be: &dyn Backend,
+    o: &Options,
+    c: Coll,
+    dtype: DataType,
+    op: ReduceOp,
+    size: u64,
+    inplace: bool,
+    table: &[u8],
+) -> Result<(f64, u64), String> {
     let n = be.size();
     let me = be.rank();
     let l = layout(c, size, dtype, n);
-    let mut b = Buffers { input: vec![0u64; l.in_bytes.div_ceil(8)], output: vec![0u64; l.out_bytes.div_ceil(8)] };
+    let mut b = Buffers {
+        input: vec![0u64; l.in_bytes.div_ceil(8)],
+        output: vec![0u64; l.out_bytes.div_ceil(8)],
+    };
     prepare(c, &l, dtype, op, me, n, o.root, &mut b, inplace);
     let in_bytes = l.in_bytes;
     let out_bytes = l.out_bytes;
@@ -488,13 +593,25 @@ pub fn measure(be: &dyn Backend, o: &Options, c: Coll, dtype: DataType, op: Redu
     let mut wrong = 0;
     if o.check {
         // a fresh run on fresh data, checked element by element on this rank
-        let mut b2 = Buffers { input: vec![0u64; in_bytes.div_ceil(8)], output: vec![0u64; out_bytes.div_ceil(8)] };
+        let mut b2 = Buffers {
+            input: vec![0u64; in_bytes.div_ceil(8)],
+            output: vec![0u64; out_bytes.div_ceil(8)],
+        };
         prepare(c, &l, dtype, op, me, n, o.root, &mut b2, inplace);
         let inp: Vec<u8> = bytes(&mut b2.input, in_bytes).to_vec();
         let ob = bytes(&mut b2.output, out_bytes);
-        be.call(c, dtype, op, o.root, if inplace { None } else { Some(&inp) }, ob)?;
+        be.call(
+            c,
+            dtype,
+            op,
+            o.root,
+            if inplace { None } else { Some(&inp) },
+            ob,
+        )?;
         let res: &[u8] = match (c, inplace) {
-            (Coll::ReduceScatter, true) => &ob[me * l.count * dtype.size()..(me + 1) * l.count * dtype.size()],
+            (Coll::ReduceScatter, true) => {
+                &ob[me * l.count * dtype.size()..(me + 1) * l.count * dtype.size()]
+            }
             _ => ob,
         };
         wrong = check(c, &l, dtype, op, me, n, o.root, res, table);
@@ -512,7 +629,11 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
         return Err(format!("root {} is not a rank (world size {n})", o.root));
     }
     let host = railring::host::hostname();
-    let lines = be.gather_lines(&format!("#  Rank {me:2} Group  0 Pid {:6} on {host:>10} device  0 [cpu] {}", std::process::id(), be.describe_buffers()))?;
+    let lines = be.gather_lines(&format!(
+        "#  Rank {me:2} Group  0 Pid {:6} on {host:>10} device  0 [cpu] {}",
+        std::process::id(),
+        be.describe_buffers()
+    ))?;
     let mut rows = Vec::new();
     let mut total_wrong = 0u64;
     let mut bus_sum = 0.0;
@@ -528,7 +649,17 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
             "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {step} warmup iters: {} iters: {} agg iters: 1 validation: {} graph: 0",
             o.minbytes, o.maxbytes, o.warmup, o.iters, u8::from(o.check)
         );
-        let _ = writeln!(h, "#\n# {} {} over {n} ranks ({})\n#\n# Using devices", be.name(), c.name(), if o.blocking { "blocking calls" } else { "non-blocking calls" });
+        let _ = writeln!(
+            h,
+            "#\n# {} {} over {n} ranks ({})\n#\n# Using devices",
+            be.name(),
+            c.name(),
+            if o.blocking {
+                "blocking calls"
+            } else {
+                "non-blocking calls"
+            }
+        );
         for l in &lines {
             let _ = writeln!(h, "{l}");
         }
@@ -539,9 +670,17 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
         print!("{h}");
     }
     for &dtype in &o.dtypes {
-        let ops: Vec<ReduceOp> = if c.reduces() { o.ops.clone() } else { vec![ReduceOp::Sum] };
+        let ops: Vec<ReduceOp> = if c.reduces() {
+            o.ops.clone()
+        } else {
+            vec![ReduceOp::Sum]
+        };
         for &op in &ops {
-            let table = if c.reduces() { reduced_period(dtype, op, n) } else { Vec::new() };
+            let table = if c.reduces() {
+                reduced_period(dtype, op, n)
+            } else {
+                Vec::new()
+            };
             for &size in &o.sizes() {
                 let l = layout(c, size, dtype, n);
                 let (t_oop, w_oop) = measure(be, o, c, dtype, op, size, false, &table)?;
@@ -556,7 +695,11 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
                     size: l.size_bytes,
                     count: l.size_bytes / dtype.size(),
                     dtype: dtype.name().into(),
-                    redop: if c.reduces() { op.name().into() } else { "none".into() },
+                    redop: if c.reduces() {
+                        op.name().into()
+                    } else {
+                        "none".into()
+                    },
                     root: if c.rooted() { o.root as i64 } else { -1 },
                     oop_time_us: t_oop,
                     oop_algbw: alg(t_oop),
@@ -578,8 +721,19 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
         }
     }
     if me == 0 {
-        println!("# Out of bounds values : {} {}", total_wrong, if total_wrong == 0 { "OK" } else { "FAILED" });
-        println!("# Avg bus bandwidth    : {:.4} ", if bus_n > 0 { bus_sum / bus_n as f64 } else { 0.0 });
+        println!(
+            "# Out of bounds values : {} {}",
+            total_wrong,
+            if total_wrong == 0 { "OK" } else { "FAILED" }
+        );
+        println!(
+            "# Avg bus bandwidth    : {:.4} ",
+            if bus_n > 0 {
+                bus_sum / bus_n as f64
+            } else {
+                0.0
+            }
+        );
         println!("#");
         if let Some(path) = &o.json {
             let js = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
@@ -590,7 +744,11 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
 }
 
 pub fn format_row(r: &Row) -> String {
-    let root = if r.root < 0 { "-1".to_string() } else { r.root.to_string() };
+    let root = if r.root < 0 {
+        "-1".to_string()
+    } else {
+        r.root.to_string()
+    };
     format!(
         "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {} {} {} {:>6}  {} {} {} {:>6}",
         r.size,
@@ -638,7 +796,15 @@ impl Backend for Railring {
     fn size(&self) -> usize {
         self.comm.size()
     }
-    fn call(&self, c: Coll, dtype: DataType, op: ReduceOp, root: usize, input: Option<&[u8]>, out: &mut [u8]) -> Result<(), String> {
+    fn call(
+        &self,
+        c: Coll,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: Option<&[u8]>,
+        out: &mut [u8],
+    ) -> Result<(), String> {
         let n = self.comm.size();
         let me = self.comm.rank();
         let e = |e: railring::Error| e.to_string();
@@ -696,7 +862,9 @@ impl Backend for Railring {
                         &tmp
                     }
                 };
-                self.comm.send_recv_raw(src, next, out, prev, dtype).map_err(e)
+                self.comm
+                    .send_recv_raw(src, next, out, prev, dtype)
+                    .map_err(e)
             }
         }
     }
@@ -705,7 +873,9 @@ impl Backend for Railring {
     }
     fn reduce_f64(&self, v: f64, op: ReduceOp) -> Result<f64, String> {
         let mut b = [v];
-        self.comm.all_reduce(&mut b, op).map_err(|e| e.to_string())?;
+        self.comm
+            .all_reduce(&mut b, op)
+            .map_err(|e| e.to_string())?;
         Ok(b[0])
     }
     fn gather_lines(&self, line: &str) -> Result<Vec<String>, String> {
@@ -715,11 +885,20 @@ impl Backend for Railring {
         let k = lb.len().min(160);
         mine[..k].copy_from_slice(&lb[..k]);
         let mut all = vec![0u8; 160 * n];
-        self.comm.all_gather(&mine, &mut all).map_err(|e| e.to_string())?;
+        self.comm
+            .all_gather(&mine, &mut all)
+            .map_err(|e| e.to_string())?;
         if self.comm.rank() != 0 {
             return Ok(vec![]);
         }
-        Ok(all.chunks(160).map(|c| String::from_utf8_lossy(c).trim_end_matches('\0').to_string()).collect())
+        Ok(all
+            .chunks(160)
+            .map(|c| {
+                String::from_utf8_lossy(c)
+                    .trim_end_matches('\0')
+                    .to_string()
+            })
+            .collect())
     }
     fn describe_buffers(&self) -> String {
         let (rail, name) = self.comm.rail();
@@ -745,12 +924,23 @@ mod tests {
     use super::*;
     #[test]
     fn options_and_sizes() {
-        let a: Vec<String> = "allreduce -b 8 -e 64 -f 2 -n 3 -w 1 -c 1 -d half -o all".split(' ').map(String::from).collect();
+        let a: Vec<String> = "allreduce -b 8 -e 64 -f 2 -n 3 -w 1 -c 1 -d half -o all"
+            .split(' ')
+            .map(String::from)
+            .collect();
         let o = Options::parse(&a).unwrap();
         assert_eq!(o.sizes(), vec![8, 16, 32, 64]);
         assert_eq!(o.dtypes, vec![DataType::F16]);
         assert_eq!(o.ops.len(), 5);
-        let o = Options::parse(&["-b".into(), "1K".into(), "-e".into(), "3K".into(), "-i".into(), "1K".into()]).unwrap();
+        let o = Options::parse(&[
+            "-b".into(),
+            "1K".into(),
+            "-e".into(),
+            "3K".into(),
+            "-i".into(),
+            "1K".into(),
+        ])
+        .unwrap();
         assert_eq!(o.sizes(), vec![1024, 2048, 3072]);
         assert!(Options::parse(&["-b".into(), "9".into(), "-e".into(), "8".into()]).is_err());
         assert!(Options::parse(&["bogus".into()]).is_err());

@@ -33,7 +33,11 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 fn install_signal_handlers() {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let sa = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    let sa = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         // SAFETY: the handler only stores to an atomic.
         let _ = unsafe { sigaction(s, &sa) };
@@ -64,12 +68,17 @@ fn take_stdio() -> io::Result<(File, File)> {
 }
 
 fn hostname() -> String {
-    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into())
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "?".into())
 }
 
 /// A TCP port that was free a moment ago (bound on port 0, then released).
 pub fn free_port() -> u16 {
-    TcpListener::bind("0.0.0.0:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
+    TcpListener::bind("0.0.0.0:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
 }
 
 /// The store relay: serves the node's ranks, forwarding each request to the launcher.
@@ -87,11 +96,20 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 impl Relay {
     fn new(writer: Writer) -> Arc<Relay> {
-        Arc::new(Relay { writer, pending: Mutex::new(HashMap::new()), next: AtomicU64::new(1), dead: AtomicBool::new(false) })
+        Arc::new(Relay {
+            writer,
+            pending: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            dead: AtomicBool::new(false),
+        })
     }
 
     fn deliver(&self, id: u64, frame: Vec<u8>) {
-        let tx = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        let tx = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
         if let Some(tx) = tx {
             let _ = tx.send(frame);
         }
@@ -100,13 +118,17 @@ impl Relay {
     /// The launcher is gone: every waiting and future request fails.
     fn fail_all(&self) {
         self.dead.store(true, Ordering::SeqCst);
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 }
 
 impl Backend for Relay {
     fn handle(&self, req: Request) -> Response {
-        let lost = || Response::Error("the railrun agent lost its connection to the launcher".into());
+        let lost =
+            || Response::Error("the railrun agent lost its connection to the launcher".into());
         if self.dead.load(Ordering::SeqCst) {
             return lost();
         }
@@ -119,14 +141,29 @@ impl Backend for Relay {
         });
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel();
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tx);
         if self.dead.load(Ordering::SeqCst) {
-            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
             return lost();
         }
-        if let Err(e) = self.writer.send(&Msg::StoreReq { conn, id, frame: req.encode() }) {
-            self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
-            return Response::Error(format!("railrun agent: cannot forward the store request: {e}"));
+        if let Err(e) = self.writer.send(&Msg::StoreReq {
+            conn,
+            id,
+            frame: req.encode(),
+        }) {
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            return Response::Error(format!(
+                "railrun agent: cannot forward the store request: {e}"
+            ));
         }
         match rx.recv() {
             Ok(f) => Response::decode(&f).unwrap_or_else(|e| Response::Error(e.to_string())),
@@ -148,10 +185,18 @@ struct AgentEvents {
 
 impl RankEvents for AgentEvents {
     fn output(&self, rank: u32, stream: Stream, line: &[u8]) {
-        let _ = self.writer.send(&Msg::Output { rank, stream, data: line.to_vec() });
+        let _ = self.writer.send(&Msg::Output {
+            rank,
+            stream,
+            data: line.to_vec(),
+        });
     }
     fn exited(&self, rank: u32, exit: ExitKind) {
-        let _ = self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(Ev::Exited(rank, exit));
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Ev::Exited(rank, exit));
     }
 }
 
@@ -173,7 +218,10 @@ impl Log {
 /// Run the agent; returns the process exit code.
 pub fn run(verbose: u8) -> i32 {
     let host = hostname();
-    let log = Log { host: host.clone(), verbose };
+    let log = Log {
+        host: host.clone(),
+        verbose,
+    };
     let (inp, mut out) = match take_stdio() {
         Ok(x) => x,
         Err(e) => {
@@ -205,35 +253,37 @@ pub fn run(verbose: u8) -> i32 {
     {
         let relay = relay.clone();
         let tx = tx.clone();
-        let spawned = std::thread::Builder::new().name("rr-agent-in".into()).spawn(move || {
-            let mut r = BufReader::with_capacity(256 * 1024, inp);
-            loop {
-                match proto::read_msg(&mut r) {
-                    Ok(Some(Msg::StoreResp { id, frame, .. })) => relay.deliver(id, frame),
-                    Ok(Some(Msg::Stdin { data })) => {
-                        let _ = stdin_tx.send(Some(data));
-                    }
-                    Ok(Some(Msg::StdinEof)) => {
-                        let _ = stdin_tx.send(None);
-                    }
-                    Ok(Some(m)) => {
-                        if tx.send(Ev::Msg(m)).is_err() {
+        let spawned = std::thread::Builder::new()
+            .name("rr-agent-in".into())
+            .spawn(move || {
+                let mut r = BufReader::with_capacity(256 * 1024, inp);
+                loop {
+                    match proto::read_msg(&mut r) {
+                        Ok(Some(Msg::StoreResp { id, frame, .. })) => relay.deliver(id, frame),
+                        Ok(Some(Msg::Stdin { data })) => {
+                            let _ = stdin_tx.send(Some(data));
+                        }
+                        Ok(Some(Msg::StdinEof)) => {
+                            let _ = stdin_tx.send(None);
+                        }
+                        Ok(Some(m)) => {
+                            if tx.send(Ev::Msg(m)).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(None) => {
+                            relay.fail_all();
+                            let _ = tx.send(Ev::Lost("the launcher closed the connection".into()));
+                            break;
+                        }
+                        Err(e) => {
+                            relay.fail_all();
+                            let _ = tx.send(Ev::Lost(format!("launcher channel: {e}")));
                             break;
                         }
                     }
-                    Ok(None) => {
-                        relay.fail_all();
-                        let _ = tx.send(Ev::Lost("the launcher closed the connection".into()));
-                        break;
-                    }
-                    Err(e) => {
-                        relay.fail_all();
-                        let _ = tx.send(Ev::Lost(format!("launcher channel: {e}")));
-                        break;
-                    }
                 }
-            }
-        });
+            });
         if spawned.is_err() {
             return 1;
         }
@@ -272,7 +322,10 @@ impl AgentState {
         loop {
             let sig = SIGNALLED.load(Ordering::SeqCst);
             if sig != 0 {
-                self.log.say(&format!("got {}; killing this node's ranks", proto::signal_name(sig)));
+                self.log.say(&format!(
+                    "got {}; killing this node's ranks",
+                    proto::signal_name(sig)
+                ));
                 return self.shutdown(false);
             }
             let ev = match self.rx.recv_timeout(Duration::from_millis(100)) {
@@ -297,7 +350,9 @@ impl AgentState {
                     self.log.v("Bye");
                     return self.shutdown(true);
                 }
-                Ev::Msg(other) => self.log.v(&format!("ignoring unexpected message {other:?}")),
+                Ev::Msg(other) => self
+                    .log
+                    .v(&format!("ignoring unexpected message {other:?}")),
                 Ev::Exited(rank, exit) => self.exited(rank, exit),
                 Ev::Lost(why) => {
                     if self.ranks.values().any(|r| !r.1) {
@@ -322,14 +377,30 @@ impl AgentState {
         self.grace = Duration::from_millis(spec.kill_grace_ms.min(3_600_000));
         let fail_all = |this: &mut Self, from: usize, error: String| {
             for (i, r) in spec.ranks.iter().enumerate().skip(from) {
-                let e = if i == from { error.clone() } else { format!("not started: rank {} failed to start on this node", spec.ranks[from].rank) };
-                let _ = this.writer.send(&Msg::SpawnFailed { rank: r.rank, error: e });
+                let e = if i == from {
+                    error.clone()
+                } else {
+                    format!(
+                        "not started: rank {} failed to start on this node",
+                        spec.ranks[from].rank
+                    )
+                };
+                let _ = this.writer.send(&Msg::SpawnFailed {
+                    rank: r.rank,
+                    error: e,
+                });
             }
         };
         // The relay for this node's ranks: 127.0.0.1 only, guarded by the job secret.
         let listener = match TcpListener::bind("127.0.0.1:0") {
             Ok(l) => l,
-            Err(e) => return fail_all(self, 0, format!("cannot open the store relay on 127.0.0.1: {e}")),
+            Err(e) => {
+                return fail_all(
+                    self,
+                    0,
+                    format!("cannot open the store relay on 127.0.0.1: {e}"),
+                )
+            }
         };
         let server = match store::serve(listener, &spec.secret, self.relay.clone()) {
             Ok(s) => s,
@@ -342,14 +413,28 @@ impl AgentState {
         self._server = Some(server);
         let mut cwd = PathBuf::from(&spec.cwd);
         if !cwd.is_dir() {
-            let home = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_dir()).unwrap_or_else(|| PathBuf::from("/"));
-            self.log.say(&format!("working directory {} does not exist here; using {}", spec.cwd, home.display()));
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|h| h.is_dir())
+                .unwrap_or_else(|| PathBuf::from("/"));
+            self.log.say(&format!(
+                "working directory {} does not exist here; using {}",
+                spec.cwd,
+                home.display()
+            ));
             cwd = home;
         }
         let program = PathBuf::from(&spec.program);
-        let launch = Launch { program: &program, args: &spec.args, cwd: &cwd, env: &spec.env };
-        let events: Arc<dyn RankEvents> =
-            Arc::new(AgentEvents { writer: self.writer.clone(), tx: Mutex::new(self.tx.clone()) });
+        let launch = Launch {
+            program: &program,
+            args: &spec.args,
+            cwd: &cwd,
+            env: &spec.env,
+        };
+        let events: Arc<dyn RankEvents> = Arc::new(AgentEvents {
+            writer: self.writer.clone(),
+            tx: Mutex::new(self.tx.clone()),
+        });
         let mut pids = Vec::new();
         for (i, r) in spec.ranks.iter().enumerate() {
             match spawn::spawn_rank(&launch, r, &extra, events.clone()) {
@@ -358,7 +443,9 @@ impl AgentState {
                     pids.push((p.rank, p.pid));
                     if let Some(stdin) = p.stdin {
                         if let Some(rx) = self.stdin_rx.take() {
-                            let _ = std::thread::Builder::new().name("rr-agent-stdin".into()).spawn(move || feed_stdin(stdin, rx));
+                            let _ = std::thread::Builder::new()
+                                .name("rr-agent-stdin".into())
+                                .spawn(move || feed_stdin(stdin, rx));
                         }
                     }
                 }
@@ -399,7 +486,11 @@ impl AgentState {
     fn shutdown(&mut self, bye: bool) -> i32 {
         if self.ranks.values().any(|r| !r.1) {
             self.signal_all(libc::SIGTERM, false);
-            let grace = if bye { Duration::from_millis(500).min(self.grace) } else { self.grace };
+            let grace = if bye {
+                Duration::from_millis(500).min(self.grace)
+            } else {
+                self.grace
+            };
             self.wait_exits(Instant::now() + grace);
         }
         // SIGKILL every rank's group, exited or not: it takes leftover descendants along.

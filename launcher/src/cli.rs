@@ -19,7 +19,9 @@ pub enum Command {
     /// `railrun topo ...`: the arguments after `topo`.
     Topo(Vec<String>),
     /// Hidden: `railrun --agent`, the remote side started over SSH.
-    Agent { verbose: u8 },
+    Agent {
+        verbose: u8,
+    },
     Help,
     Version,
 }
@@ -122,7 +124,9 @@ fn err<T>(s: impl Into<String>) -> Result<T, CliError> {
 fn parse_count(opt: &str, v: &str) -> Result<usize, CliError> {
     match v.parse::<usize>() {
         Ok(n) if (1..=10_000_000).contains(&n) => Ok(n),
-        _ => err(format!("{opt} `{v}`: expected a whole number from 1 to 10000000")),
+        _ => err(format!(
+            "{opt} `{v}`: expected a whole number from 1 to 10000000"
+        )),
     }
 }
 
@@ -130,7 +134,9 @@ fn parse_count(opt: &str, v: &str) -> Result<usize, CliError> {
 pub fn parse_secs(opt: &str, v: &str) -> Result<Duration, CliError> {
     match v.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 1e7 => Ok(Duration::from_secs_f64(s)),
-        _ => err(format!("{opt} `{v}`: expected a number of seconds greater than 0")),
+        _ => err(format!(
+            "{opt} `{v}`: expected a number of seconds greater than 0"
+        )),
     }
 }
 
@@ -149,7 +155,10 @@ fn parse_bind_to(v: &str) -> Result<BindTo, CliError> {
 
 /// A valid environment variable name for `-x`.
 fn valid_env_name(n: &str) -> bool {
-    !n.is_empty() && !n.contains('=') && !n.contains('\0') && !n.starts_with(|c: char| c.is_ascii_digit())
+    !n.is_empty()
+        && !n.contains('=')
+        && !n.contains('\0')
+        && !n.starts_with(|c: char| c.is_ascii_digit())
 }
 
 fn parse_x(v: &str) -> Result<EnvSpec, CliError> {
@@ -160,7 +169,10 @@ fn parse_x(v: &str) -> Result<EnvSpec, CliError> {
     if !valid_env_name(name) || value.as_deref().is_some_and(|x| x.contains('\0')) {
         return err(format!("-x `{v}`: expected VAR or VAR=value"));
     }
-    Ok(EnvSpec { name: name.to_string(), value })
+    Ok(EnvSpec {
+        name: name.to_string(),
+        value,
+    })
 }
 
 /// Parse railrun's arguments (without argv[0]).
@@ -218,7 +230,9 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         };
         match name {
             "np" | "n" | "c" => o.np = Some(parse_count(a, &value(&mut i)?)?),
-            "hostfile" | "machinefile" | "f" | "default-hostfile" => o.hostfile = Some(PathBuf::from(value(&mut i)?)),
+            "hostfile" | "machinefile" | "f" | "default-hostfile" => {
+                o.hostfile = Some(PathBuf::from(value(&mut i)?))
+            }
             "H" | "host" | "hosts" => {
                 let v = value(&mut i)?;
                 o.hosts = Some(match o.hosts.take() {
@@ -244,7 +258,11 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
                 o.dry_run = Some(match inline.as_deref() {
                     None | Some("table") | Some("text") => DryRun::Table,
                     Some("json") => DryRun::Json,
-                    Some(v) => return err(format!("--dry-run=`{v}`: expected --dry-run or --dry-run=json")),
+                    Some(v) => {
+                        return err(format!(
+                            "--dry-run=`{v}`: expected --dry-run or --dry-run=json"
+                        ))
+                    }
                 })
             }
             "report-bindings" => {
@@ -272,13 +290,21 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
             }
             "h" | "help" => return Ok(Command::Help),
             "V" | "version" => return Ok(Command::Version),
-            "agent" => return err("--agent must be the first argument (it is railrun's remote side)"),
-            _ => return err(format!("unknown option `{a}` (railrun --help lists the options)")),
+            "agent" => {
+                return err("--agent must be the first argument (it is railrun's remote side)")
+            }
+            _ => {
+                return err(format!(
+                    "unknown option `{a}` (railrun --help lists the options)"
+                ))
+            }
         }
         i += 1;
     }
     let Some(p) = program else {
-        return err("no program given (usage: railrun [options] PROGRAM [ARGS...]; railrun --help)");
+        return err(
+            "no program given (usage: railrun [options] PROGRAM [ARGS...]; railrun --help)",
+        );
     };
     o.program = args[p].clone();
     o.args = args[p + 1..].to_vec();
@@ -351,7 +377,10 @@ pub fn split_words(s: &str) -> Result<Vec<String>, CliError> {
 
 /// Quote `s` for a POSIX shell (single quotes).
 pub fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.bytes().all(|c| c.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&c)) {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&c))
+    {
         return s.to_string();
     }
     format!("'{}'", s.replace('\'', "'\\''"))
@@ -429,14 +458,25 @@ mod tests {
 
     #[test]
     fn mpirun_style() {
-        let o = run("-np 4 -hostfile hf --map-by ppr:2:node -x A -x B=c=d --tag-output ./prog -np 3 --x");
+        let o = run(
+            "-np 4 -hostfile hf --map-by ppr:2:node -x A -x B=c=d --tag-output ./prog -np 3 --x",
+        );
         assert_eq!(o.np, Some(4));
         assert_eq!(o.hostfile, Some(PathBuf::from("hf")));
         assert_eq!(o.map_by, MapBy::PprNode(2));
-        assert_eq!(o.env, vec![
-            EnvSpec { name: "A".into(), value: None },
-            EnvSpec { name: "B".into(), value: Some("c=d".into()) }
-        ]);
+        assert_eq!(
+            o.env,
+            vec![
+                EnvSpec {
+                    name: "A".into(),
+                    value: None
+                },
+                EnvSpec {
+                    name: "B".into(),
+                    value: Some("c=d".into())
+                }
+            ]
+        );
         assert!(o.tag_output);
         assert_eq!(o.program, "./prog");
         assert_eq!(o.args, vec!["-np", "3", "--x"]);
@@ -464,7 +504,10 @@ mod tests {
 
     #[test]
     fn modes() {
-        assert_eq!(p("topo --json").unwrap(), Command::Topo(vec!["--json".into()]));
+        assert_eq!(
+            p("topo --json").unwrap(),
+            Command::Topo(vec!["--json".into()])
+        );
         assert_eq!(p("--agent").unwrap(), Command::Agent { verbose: 0 });
         assert_eq!(p("--agent -v").unwrap(), Command::Agent { verbose: 1 });
         assert_eq!(p("-h").unwrap(), Command::Help);
@@ -475,9 +518,24 @@ mod tests {
     #[test]
     fn errors() {
         for bad in [
-            "", "-np", "-np x prog", "-np 0 prog", "--frob prog", "--map-by ppr:2:socket p", "--map-by x p",
-            "--timeout 0 p", "--timeout nan p", "--timeout -1 p", "-x =a p", "-x 1A p", "--bind-to gpu p",
-            "--dry-run=xml p", "--tag-output=1 p", "-np 2", "--", "-np 2 --agent p",
+            "",
+            "-np",
+            "-np x prog",
+            "-np 0 prog",
+            "--frob prog",
+            "--map-by ppr:2:socket p",
+            "--map-by x p",
+            "--timeout 0 p",
+            "--timeout nan p",
+            "--timeout -1 p",
+            "-x =a p",
+            "-x 1A p",
+            "--bind-to gpu p",
+            "--dry-run=xml p",
+            "--tag-output=1 p",
+            "-np 2",
+            "--",
+            "-np 2 --agent p",
         ] {
             assert!(p(bad).is_err(), "{bad:?} should fail: {:?}", p(bad));
         }
@@ -487,8 +545,14 @@ mod tests {
 
     #[test]
     fn words_and_quotes() {
-        assert_eq!(split_words("ssh -F cfg -p 2222").unwrap(), vec!["ssh", "-F", "cfg", "-p", "2222"]);
-        assert_eq!(split_words(r#"ssh -o "A B" 'c d' e\ f"#).unwrap(), vec!["ssh", "-o", "A B", "c d", "e f"]);
+        assert_eq!(
+            split_words("ssh -F cfg -p 2222").unwrap(),
+            vec!["ssh", "-F", "cfg", "-p", "2222"]
+        );
+        assert_eq!(
+            split_words(r#"ssh -o "A B" 'c d' e\ f"#).unwrap(),
+            vec!["ssh", "-o", "A B", "c d", "e f"]
+        );
         assert_eq!(split_words("ssh ''").unwrap(), vec!["ssh", ""]);
         assert!(split_words("ssh 'x").is_err());
         assert!(split_words("  ").is_err());

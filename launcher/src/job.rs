@@ -44,7 +44,11 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 fn install_signal_handlers() {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let sa = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    let sa = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: the handler only touches atomics.
         let _ = unsafe { sigaction(s, &sa) };
@@ -54,24 +58,33 @@ fn install_signal_handlers() {
 /// Find the program: a name with a `/` is used as is (made absolute); otherwise `$PATH`, then
 /// the directory holding the railrun executable.
 pub fn resolve_program(name: &str) -> Result<PathBuf, String> {
-    let cwd = std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
+    let cwd =
+        std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
     if name.contains('/') {
         return Ok(cwd.join(name).components().collect());
     }
     let is_exec = |p: &Path| {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
     };
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
-            let dir = if dir.as_os_str().is_empty() { cwd.clone() } else { cwd.join(dir) };
+            let dir = if dir.as_os_str().is_empty() {
+                cwd.clone()
+            } else {
+                cwd.join(dir)
+            };
             let c = dir.join(name);
             if is_exec(&c) {
                 return Ok(c.components().collect());
             }
         }
     }
-    let exe_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(Path::to_path_buf));
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf));
     if let Some(d) = &exe_dir {
         let c = d.join(name);
         if is_exec(&c) {
@@ -97,16 +110,23 @@ pub enum AgentLauncher {
 /// Is a Slurm node list in the environment (what makes the host source the allocation when
 /// neither `--hostfile` nor `-H` is given; see [`hosts::resolve_hosts`])?
 pub fn slurm_nodelist_set(env: &dyn Fn(&str) -> Option<String>) -> bool {
-    ["SLURM_JOB_NODELIST", "SLURM_NODELIST"].iter().any(|v| env(v).is_some_and(|s| !s.trim().is_empty()))
+    ["SLURM_JOB_NODELIST", "SLURM_NODELIST"]
+        .iter()
+        .any(|v| env(v).is_some_and(|s| !s.trim().is_empty()))
 }
 
 /// `name` in `$PATH` (an executable regular file), as an absolute path.
 pub fn find_in_path(name: &str, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let path = env("PATH")?;
-    std::env::split_paths(&path).filter(|d| d.is_absolute()).map(|d| d.join(name)).find(|c| {
-        std::fs::metadata(c).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
-    })
+    std::env::split_paths(&path)
+        .filter(|d| d.is_absolute())
+        .map(|d| d.join(name))
+        .find(|c| {
+            std::fs::metadata(c)
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
 }
 
 /// Choose how to start remote agents. `RAILRUN_LAUNCHER=ssh|srun` decides when set; otherwise
@@ -119,7 +139,10 @@ pub fn choose_agent_launcher(
     find: &dyn Fn(&str) -> Option<PathBuf>,
 ) -> Result<AgentLauncher, String> {
     let in_allocation = env("SLURM_JOB_ID").is_some_and(|s| !s.trim().is_empty());
-    match env("RAILRUN_LAUNCHER").map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+    match env("RAILRUN_LAUNCHER")
+        .map(|s| s.trim().to_ascii_lowercase())
+        .as_deref()
+    {
         None | Some("") | Some("auto") => {
             if slurm_hosts && in_allocation && !ssh_flag {
                 if let Some(p) = find("srun") {
@@ -135,11 +158,17 @@ pub fn choose_agent_launcher(
                             run railrun from salloc or sbatch, or use RAILRUN_LAUNCHER=ssh"
                     .into());
             }
-            find("srun").map(AgentLauncher::Srun).ok_or_else(|| "RAILRUN_LAUNCHER=srun: `srun` is not in $PATH".to_string())
+            find("srun")
+                .map(AgentLauncher::Srun)
+                .ok_or_else(|| "RAILRUN_LAUNCHER=srun: `srun` is not in $PATH".to_string())
         }
         Some(_) => Err(format!(
             "RAILRUN_LAUNCHER=`{}`: expected ssh, srun or auto",
-            env("RAILRUN_LAUNCHER").unwrap_or_default().chars().take(64).collect::<String>()
+            env("RAILRUN_LAUNCHER")
+                .unwrap_or_default()
+                .chars()
+                .take(64)
+                .collect::<String>()
         )),
     }
 }
@@ -211,7 +240,10 @@ pub fn agent_argv(
 pub fn new_job_id() -> String {
     let mut b = [0u8; 10];
     if railring::bootstrap::auth::random_bytes(&mut b).is_err() {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         let x = t ^ ((std::process::id() as u128) << 64);
         for (i, v) in b.iter_mut().enumerate() {
             *v = (x >> (i * 8)) as u8;
@@ -244,7 +276,12 @@ pub fn run(opts: &RunOpts) -> i32 {
             return EXIT_CONFIG;
         }
     };
-    let req = PlacementRequest { np: opts.np, ppn: opts.ppn, map_by: opts.map_by, oversubscribe: opts.oversubscribe };
+    let req = PlacementRequest {
+        np: opts.np,
+        ppn: opts.ppn,
+        map_by: opts.map_by,
+        oversubscribe: opts.oversubscribe,
+    };
     let pl = match placement::place(&src, &req) {
         Ok(p) => p,
         Err(e) => {
@@ -309,12 +346,34 @@ struct Node {
 
 /// What railrun's threads tell the main thread.
 enum Ev {
-    Hello { agent: usize, hostname: String, pid: u32, free_port: u16, version: String },
-    Started { agent: usize, pids: Vec<(u32, u32)> },
-    Exited { rank: u32, exit: ExitKind, from: Option<usize> },
-    SpawnFailed { rank: u32, error: String, from: Option<usize> },
-    AgentBye { agent: usize },
-    AgentGone { agent: usize, why: String },
+    Hello {
+        agent: usize,
+        hostname: String,
+        pid: u32,
+        free_port: u16,
+        version: String,
+    },
+    Started {
+        agent: usize,
+        pids: Vec<(u32, u32)>,
+    },
+    Exited {
+        rank: u32,
+        exit: ExitKind,
+        from: Option<usize>,
+    },
+    SpawnFailed {
+        rank: u32,
+        error: String,
+        from: Option<usize>,
+    },
+    AgentBye {
+        agent: usize,
+    },
+    AgentGone {
+        agent: usize,
+        why: String,
+    },
 }
 
 #[derive(Default)]
@@ -355,7 +414,15 @@ impl RankEvents for LocalEvents {
         self.sink.line(rank, stream, line);
     }
     fn exited(&self, rank: u32, exit: ExitKind) {
-        let _ = self.tx.lock().unwrap_or_else(|e| e.into_inner()).send(Ev::Exited { rank, exit, from: None });
+        let _ = self
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Ev::Exited {
+                rank,
+                exit,
+                from: None,
+            });
     }
 }
 
@@ -392,24 +459,45 @@ enum StdinTarget {
 }
 
 impl<'a> Job<'a> {
-    fn new(opts: &'a RunOpts, pl: Placement, program: PathBuf, sink: Arc<Sink>) -> Result<Job<'a>, String> {
+    fn new(
+        opts: &'a RunOpts,
+        pl: Placement,
+        program: PathBuf,
+        sink: Arc<Sink>,
+    ) -> Result<Job<'a>, String> {
         let mut nodes: Vec<Node> = pl
             .hosts
             .iter()
-            .map(|h| Node { host: h.clone(), user: None, local: hosts::is_local(h), ranks: Vec::new(), agent: None })
+            .map(|h| Node {
+                host: h.clone(),
+                user: None,
+                local: hosts::is_local(h),
+                ranks: Vec::new(),
+                agent: None,
+            })
             .collect();
         let mut ranks = Vec::with_capacity(pl.np());
         for r in &pl.ranks {
             let Some(n) = nodes.get_mut(r.node_rank) else {
-                return Err(format!("placement: rank {} has node_rank {} of {}", r.rank, r.node_rank, pl.hosts.len()));
+                return Err(format!(
+                    "placement: rank {} has node_rank {} of {}",
+                    r.rank,
+                    r.node_rank,
+                    pl.hosts.len()
+                ));
             };
             n.ranks.push(r.rank);
             if n.user.is_none() {
                 n.user = r.user.clone();
             }
-            ranks.push(RankState { node: r.node_rank, pid: None, done: false });
+            ranks.push(RankState {
+                node: r.node_rank,
+                pid: None,
+                done: false,
+            });
         }
-        let secret = railring::bootstrap::auth::new_secret().map_err(|e| format!("cannot create the job secret: {e}"))?;
+        let secret = railring::bootstrap::auth::new_secret()
+            .map_err(|e| format!("cannot create the job secret: {e}"))?;
         let (tx, rx) = mpsc::channel();
         Ok(Job {
             opts,
@@ -445,7 +533,11 @@ impl<'a> Job<'a> {
     }
 
     fn host_of(&self, rank: usize) -> &str {
-        self.pl.ranks.get(rank).map(|r| r.host.as_str()).unwrap_or("?")
+        self.pl
+            .ranks
+            .get(rank)
+            .map(|r| r.host.as_str())
+            .unwrap_or("?")
     }
 
     fn live_ranks(&self) -> usize {
@@ -520,7 +612,12 @@ impl<'a> Job<'a> {
     // ---------------------------------------------------------------- agents
 
     fn ssh_argv(&self) -> Result<Vec<String>, String> {
-        let cmd = match (&self.opts.ssh, std::env::var("RAILRUN_SSH").ok().filter(|s| !s.trim().is_empty())) {
+        let cmd = match (
+            &self.opts.ssh,
+            std::env::var("RAILRUN_SSH")
+                .ok()
+                .filter(|s| !s.trim().is_empty()),
+        ) {
             (Some(s), _) => s.clone(),
             (None, Some(s)) => s,
             (None, None) => "ssh".to_string(),
@@ -532,8 +629,15 @@ impl<'a> Job<'a> {
         if let Some(p) = &self.opts.launch_agent {
             return Ok(p.clone());
         }
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find railrun's own path for the remote agent (use --launch-agent): {e}"))?;
-        exe.to_str().map(String::from).ok_or_else(|| format!("railrun's path {} is not UTF-8 (use --launch-agent)", exe.display()))
+        let exe = std::env::current_exe().map_err(|e| {
+            format!("cannot find railrun's own path for the remote agent (use --launch-agent): {e}")
+        })?;
+        exe.to_str().map(String::from).ok_or_else(|| {
+            format!(
+                "railrun's path {} is not UTF-8 (use --launch-agent)",
+                exe.display()
+            )
+        })
     }
 
     /// Start one agent per remote node (over ssh, or `srun` inside a Slurm allocation), in
@@ -541,15 +645,19 @@ impl<'a> Job<'a> {
     /// False when the job cannot go on (the failure is recorded and reported).
     fn connect_agents(&mut self) -> bool {
         let env = |k: &str| std::env::var(k).ok();
-        let slurm_hosts = self.opts.hostfile.is_none() && self.opts.hosts.is_none() && slurm_nodelist_set(&env);
-        let launcher = match choose_agent_launcher(slurm_hosts, self.opts.ssh.is_some(), &env, &|n: &str| find_in_path(n, &env)) {
-            Ok(l) => l,
-            Err(e) => {
-                self.say(&e);
-                self.failure = Some(Failure { code: EXIT_CONFIG });
-                return false;
-            }
-        };
+        let slurm_hosts =
+            self.opts.hostfile.is_none() && self.opts.hosts.is_none() && slurm_nodelist_set(&env);
+        let launcher =
+            match choose_agent_launcher(slurm_hosts, self.opts.ssh.is_some(), &env, &|n: &str| {
+                find_in_path(n, &env)
+            }) {
+                Ok(l) => l,
+                Err(e) => {
+                    self.say(&e);
+                    self.failure = Some(Failure { code: EXIT_CONFIG });
+                    return false;
+                }
+            };
         let ssh = match &launcher {
             AgentLauncher::Ssh => self.ssh_argv(),
             AgentLauncher::Srun(_) => Ok(Vec::new()),
@@ -564,16 +672,31 @@ impl<'a> Job<'a> {
         };
         let ct = self.opts.connect_timeout;
         if let AgentLauncher::Srun(p) = &launcher {
-            self.vlog(&format!("starting the agents with {} (Slurm allocation {})", p.display(), env("SLURM_JOB_ID").unwrap_or_default()));
+            self.vlog(&format!(
+                "starting the agents with {} (Slurm allocation {})",
+                p.display(),
+                env("SLURM_JOB_ID").unwrap_or_default()
+            ));
         }
         for ni in 0..self.nodes.len() {
             if self.nodes[ni].local {
                 continue;
             }
             let node = &self.nodes[ni];
-            let argv = agent_argv(&launcher, &ssh, ct, node.user.as_deref(), &node.host, &agent_path, self.opts.verbose);
+            let argv = agent_argv(
+                &launcher,
+                &ssh,
+                ct,
+                node.user.as_deref(),
+                &node.host,
+                &agent_path,
+                self.opts.verbose,
+            );
             let mut cmd = Command::new(&argv[0]);
-            cmd.args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+            cmd.args(&argv[1..])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
             // SAFETY: async-signal-safe calls only. Own session: a Ctrl-C on the terminal reaches
             // railrun alone, which then stops the job in order. PDEATHSIG: if railrun dies, ssh
             // dies, the agent sees its stdin close and kills its ranks.
@@ -581,7 +704,13 @@ impl<'a> Job<'a> {
                 let parent = libc::getpid();
                 cmd.pre_exec(move || {
                     libc::setsid();
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                    libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    );
                     if libc::getppid() != parent {
                         libc::_exit(137);
                     }
@@ -598,14 +727,25 @@ impl<'a> Job<'a> {
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
                 Err(e) => {
-                    self.fail(EXIT_AGENT, format!("cannot run the remote shell `{}` for host {}: {e}", argv[0], node.host));
+                    self.fail(
+                        EXIT_AGENT,
+                        format!(
+                            "cannot run the remote shell `{}` for host {}: {e}",
+                            argv[0], node.host
+                        ),
+                    );
                     return false;
                 }
             };
             let ai = self.agents.len();
             let host = node.host.clone();
-            let (Some(stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take()) else {
-                self.fail(EXIT_AGENT, format!("host {host}: ssh started without its pipes"));
+            let (Some(stdin), Some(stdout), Some(stderr)) =
+                (child.stdin.take(), child.stdout.take(), child.stderr.take())
+            else {
+                self.fail(
+                    EXIT_AGENT,
+                    format!("host {host}: ssh started without its pipes"),
+                );
                 return false;
             };
             let writer = Arc::new(FrameWriter::new(stdin));
@@ -635,10 +775,16 @@ impl<'a> Job<'a> {
                 return false;
             }
             if Instant::now() >= deadline {
-                let slow: Vec<usize> = (0..self.agents.len()).filter(|&i| self.agents[i].hello.is_none()).collect();
+                let slow: Vec<usize> = (0..self.agents.len())
+                    .filter(|&i| self.agents[i].hello.is_none())
+                    .collect();
                 let i = slow[0];
                 let tail = self.stderr_tail(i, Duration::from_millis(0));
-                let more = if slow.len() > 1 { format!(" (and {} more host(s))", slow.len() - 1) } else { String::new() };
+                let more = if slow.len() > 1 {
+                    format!(" (and {} more host(s))", slow.len() - 1)
+                } else {
+                    String::new()
+                };
                 self.fail(
                     EXIT_AGENT,
                     format!(
@@ -651,8 +797,17 @@ impl<'a> Job<'a> {
                 return false;
             }
             match self.rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(Ev::Hello { agent, hostname, pid, free_port, version }) => {
-                    self.vlog(&format!("agent on {} (hostname {hostname}, pid {pid}) is up", self.agents[agent].host));
+                Ok(Ev::Hello {
+                    agent,
+                    hostname,
+                    pid,
+                    free_port,
+                    version,
+                }) => {
+                    self.vlog(&format!(
+                        "agent on {} (hostname {hostname}, pid {pid}) is up",
+                        self.agents[agent].host
+                    ));
                     if version != env!("CARGO_PKG_VERSION") {
                         self.say(&format!(
                             "warning: the agent on host {} is railrun {version}, this is railrun {} (see --launch-agent)",
@@ -661,12 +816,22 @@ impl<'a> Job<'a> {
                         ));
                     }
                     self.agents[agent].hello = Some((hostname, pid, free_port));
-                    self.agents[agent].stderr.lock().unwrap_or_else(|e| e.into_inner()).forward = true;
+                    self.agents[agent]
+                        .stderr
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .forward = true;
                 }
                 Ok(Ev::AgentGone { agent, why }) => {
                     self.agents[agent].gone = true;
                     let msg = self.agent_failure_text(agent, &why);
-                    self.fail(EXIT_AGENT, format!("cannot start railrun's agent on host {}: {msg}", self.agents[agent].host));
+                    self.fail(
+                        EXIT_AGENT,
+                        format!(
+                            "cannot start railrun's agent on host {}: {msg}",
+                            self.agents[agent].host
+                        ),
+                    );
                     return false;
                 }
                 Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -680,9 +845,18 @@ impl<'a> Job<'a> {
     fn stderr_tail(&self, agent: usize, wait: Duration) -> String {
         let until = Instant::now() + wait;
         loop {
-            let g = self.agents[agent].stderr.lock().unwrap_or_else(|e| e.into_inner());
+            let g = self.agents[agent]
+                .stderr
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             if g.done || Instant::now() >= until {
-                return g.lines.iter().map(|s| s.trim_end()).filter(|s| !s.is_empty()).collect::<Vec<_>>().join(" | ");
+                return g
+                    .lines
+                    .iter()
+                    .map(|s| s.trim_end())
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(" | ");
             }
             drop(g);
             std::thread::sleep(Duration::from_millis(20));
@@ -716,30 +890,44 @@ impl<'a> Job<'a> {
         }
     }
 
-    fn spawn_agent_stderr(&self, _agent: usize, host: String, stderr: impl Read + Send + 'static, log: Arc<Mutex<StderrLog>>) {
+    fn spawn_agent_stderr(
+        &self,
+        _agent: usize,
+        host: String,
+        stderr: impl Read + Send + 'static,
+        log: Arc<Mutex<StderrLog>>,
+    ) {
         let sink = self.sink.clone();
-        let _ = std::thread::Builder::new().name(format!("rr-ssh-err-{host}")).spawn(move || {
-            crate::stdio::for_each_line(stderr, |line| {
-                let text = String::from_utf8_lossy(line).trim_end().to_string();
-                let mut g = log.lock().unwrap_or_else(|e| e.into_inner());
-                if g.forward {
-                    if text.starts_with("railrun agent") {
-                        sink.message(&text);
-                    } else {
-                        sink.message(&format!("railrun: [{host}] {text}"));
+        let _ = std::thread::Builder::new()
+            .name(format!("rr-ssh-err-{host}"))
+            .spawn(move || {
+                crate::stdio::for_each_line(stderr, |line| {
+                    let text = String::from_utf8_lossy(line).trim_end().to_string();
+                    let mut g = log.lock().unwrap_or_else(|e| e.into_inner());
+                    if g.forward {
+                        if text.starts_with("railrun agent") {
+                            sink.message(&text);
+                        } else {
+                            sink.message(&format!("railrun: [{host}] {text}"));
+                        }
                     }
-                }
-                g.lines.push_back(text);
-                if g.lines.len() > 20 {
-                    g.lines.pop_front();
-                }
-                true
+                    g.lines.push_back(text);
+                    if g.lines.len() > 20 {
+                        g.lines.pop_front();
+                    }
+                    true
+                });
+                log.lock().unwrap_or_else(|e| e.into_inner()).done = true;
             });
-            log.lock().unwrap_or_else(|e| e.into_inner()).done = true;
-        });
     }
 
-    fn spawn_agent_reader(&self, agent: usize, node: usize, stdout: impl Read + Send + 'static, writer: Arc<FrameWriter<ChildStdin>>) {
+    fn spawn_agent_reader(
+        &self,
+        agent: usize,
+        node: usize,
+        stdout: impl Read + Send + 'static,
+        writer: Arc<FrameWriter<ChildStdin>>,
+    ) {
         let tx = self.tx.clone();
         let sink = self.sink.clone();
         let store = self.store.clone();
@@ -747,75 +935,107 @@ impl<'a> Job<'a> {
         let mine: Vec<bool> = self.pl.ranks.iter().map(|r| r.node_rank == node).collect();
         let verbose = self.opts.verbose;
         let host = self.nodes[node].host.clone();
-        let _ = std::thread::Builder::new().name(format!("rr-agent-{host}")).spawn(move || {
-            let mut r = BufReader::with_capacity(256 * 1024, stdout);
-            let gone = |why: String| {
-                let _ = tx.send(Ev::AgentGone { agent, why });
-            };
-            match proto::read_magic(&mut r) {
-                Ok(skipped) => {
-                    if verbose > 0 && !skipped.is_empty() {
-                        sink.message(&format!(
+        let _ = std::thread::Builder::new()
+            .name(format!("rr-agent-{host}"))
+            .spawn(move || {
+                let mut r = BufReader::with_capacity(256 * 1024, stdout);
+                let gone = |why: String| {
+                    let _ = tx.send(Ev::AgentGone { agent, why });
+                };
+                match proto::read_magic(&mut r) {
+                    Ok(skipped) => {
+                        if verbose > 0 && !skipped.is_empty() {
+                            sink.message(&format!(
                             "railrun: [{host}] remote shell printed before the agent started: {}",
                             String::from_utf8_lossy(&skipped).trim_end()
                         ));
+                        }
+                    }
+                    Err(e) => return gone(e.to_string()),
+                }
+                let ours = |rank: u32| (rank as usize) < world && mine[rank as usize];
+                loop {
+                    match proto::read_msg(&mut r) {
+                        Ok(Some(Msg::Hello {
+                            hostname,
+                            pid,
+                            free_port,
+                            version,
+                        })) => {
+                            let _ = tx.send(Ev::Hello {
+                                agent,
+                                hostname,
+                                pid,
+                                free_port,
+                                version,
+                            });
+                        }
+                        Ok(Some(Msg::Output { rank, stream, data })) => {
+                            if ours(rank) {
+                                sink.line(rank, stream, &data);
+                            }
+                        }
+                        Ok(Some(Msg::RankExited { rank, exit })) => {
+                            if ours(rank) {
+                                let _ = tx.send(Ev::Exited {
+                                    rank,
+                                    exit,
+                                    from: Some(agent),
+                                });
+                            }
+                        }
+                        Ok(Some(Msg::SpawnFailed { rank, error })) => {
+                            if ours(rank) {
+                                let _ = tx.send(Ev::SpawnFailed {
+                                    rank,
+                                    error,
+                                    from: Some(agent),
+                                });
+                            }
+                        }
+                        Ok(Some(Msg::Started { pids })) => {
+                            let _ = tx.send(Ev::Started { agent, pids });
+                        }
+                        Ok(Some(Msg::StoreReq { conn, id, frame })) => {
+                            let store = store.clone();
+                            let writer = writer.clone();
+                            // One thread per request: Get/Wait block until their keys appear.
+                            let _ = std::thread::Builder::new()
+                                .name("rr-store-relay".into())
+                                .spawn(move || {
+                                    let resp = match Request::decode(&frame) {
+                                        Ok(req) => store.handle(req),
+                                        Err(e) => Response::Error(e.to_string()),
+                                    };
+                                    let _ = writer.send(&Msg::StoreResp {
+                                        conn,
+                                        id,
+                                        frame: resp.encode(),
+                                    });
+                                });
+                        }
+                        Ok(Some(Msg::Bye)) => {
+                            let _ = tx.send(Ev::AgentBye { agent });
+                        }
+                        Ok(Some(other)) => {
+                            return gone(format!(
+                                "protocol error: unexpected {:?} from the agent",
+                                msg_name(&other)
+                            ));
+                        }
+                        Ok(None) => return gone("the connection closed".into()),
+                        Err(e) => return gone(format!("connection failed: {e}")),
                     }
                 }
-                Err(e) => return gone(e.to_string()),
-            }
-            let ours = |rank: u32| (rank as usize) < world && mine[rank as usize];
-            loop {
-                match proto::read_msg(&mut r) {
-                    Ok(Some(Msg::Hello { hostname, pid, free_port, version })) => {
-                        let _ = tx.send(Ev::Hello { agent, hostname, pid, free_port, version });
-                    }
-                    Ok(Some(Msg::Output { rank, stream, data })) => {
-                        if ours(rank) {
-                            sink.line(rank, stream, &data);
-                        }
-                    }
-                    Ok(Some(Msg::RankExited { rank, exit })) => {
-                        if ours(rank) {
-                            let _ = tx.send(Ev::Exited { rank, exit, from: Some(agent) });
-                        }
-                    }
-                    Ok(Some(Msg::SpawnFailed { rank, error })) => {
-                        if ours(rank) {
-                            let _ = tx.send(Ev::SpawnFailed { rank, error, from: Some(agent) });
-                        }
-                    }
-                    Ok(Some(Msg::Started { pids })) => {
-                        let _ = tx.send(Ev::Started { agent, pids });
-                    }
-                    Ok(Some(Msg::StoreReq { conn, id, frame })) => {
-                        let store = store.clone();
-                        let writer = writer.clone();
-                        // One thread per request: Get/Wait block until their keys appear.
-                        let _ = std::thread::Builder::new().name("rr-store-relay".into()).spawn(move || {
-                            let resp = match Request::decode(&frame) {
-                                Ok(req) => store.handle(req),
-                                Err(e) => Response::Error(e.to_string()),
-                            };
-                            let _ = writer.send(&Msg::StoreResp { conn, id, frame: resp.encode() });
-                        });
-                    }
-                    Ok(Some(Msg::Bye)) => {
-                        let _ = tx.send(Ev::AgentBye { agent });
-                    }
-                    Ok(Some(other)) => {
-                        return gone(format!("protocol error: unexpected {:?} from the agent", msg_name(&other)));
-                    }
-                    Ok(None) => return gone("the connection closed".into()),
-                    Err(e) => return gone(format!("connection failed: {e}")),
-                }
-            }
-        });
+            });
     }
 
     // ---------------------------------------------------------------- launch
 
     fn master(&self) -> (String, u16) {
-        let Some(n0) = self.nodes.first() else { return ("127.0.0.1".into(), 0) };
+        let Some(n0) = self.nodes.first() else {
+            return ("127.0.0.1".into(), 0);
+        };
         if n0.local {
             let port = crate::agent::free_port();
             if self.nodes.len() == 1 {
@@ -824,13 +1044,18 @@ impl<'a> Job<'a> {
             let h = &n0.host;
             let lh = h.eq_ignore_ascii_case("localhost") || h.starts_with("127.") || h == "::1";
             let name = if lh {
-                nix::unistd::gethostname().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|_| h.clone())
+                nix::unistd::gethostname()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| h.clone())
             } else {
                 h.clone()
             };
             return (name, port);
         }
-        let port = n0.agent.and_then(|a| self.agents[a].hello.as_ref().map(|h| h.2)).unwrap_or(0);
+        let port = n0
+            .agent
+            .and_then(|a| self.agents[a].hello.as_ref().map(|h| h.2))
+            .unwrap_or(0);
         (n0.host.clone(), port)
     }
 
@@ -842,7 +1067,10 @@ impl<'a> Job<'a> {
                 Some(v) => env.push((x.name.clone(), v.clone())),
                 None => match std::env::var(&x.name) {
                     Ok(v) => env.push((x.name.clone(), v)),
-                    Err(_) => self.say(&format!("-x {}: not set (or not UTF-8) in railrun's environment; not forwarded", x.name)),
+                    Err(_) => self.say(&format!(
+                        "-x {}: not set (or not UTF-8) in railrun's environment; not forwarded",
+                        x.name
+                    )),
                 },
             }
         }
@@ -867,7 +1095,12 @@ impl<'a> Job<'a> {
 
     fn rank_spec(&self, rank: usize) -> RankSpec {
         let r = &self.pl.ranks[rank];
-        let (rk, lr, ls, nr) = (r.rank.to_string(), r.local_rank.to_string(), r.local_size.to_string(), r.node_rank.to_string());
+        let (rk, lr, ls, nr) = (
+            r.rank.to_string(),
+            r.local_rank.to_string(),
+            r.local_size.to_string(),
+            r.node_rank.to_string(),
+        );
         let env = [
             ("RAILRING_RANK", &rk),
             ("RAILRING_LOCAL_RANK", &lr),
@@ -883,7 +1116,11 @@ impl<'a> Job<'a> {
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect();
-        RankSpec { rank: r.rank as u32, env, stdin: r.rank == 0 }
+        RankSpec {
+            rank: r.rank as u32,
+            env,
+            stdin: r.rank == 0,
+        }
     }
 
     fn launch(&mut self) {
@@ -900,7 +1137,11 @@ impl<'a> Job<'a> {
                 env: env.clone(),
                 secret: self.secret.clone(),
                 kill_grace_ms: self.grace.as_millis() as u64,
-                ranks: self.nodes[node].ranks.iter().map(|&r| self.rank_spec(r)).collect(),
+                ranks: self.nodes[node]
+                    .ranks
+                    .iter()
+                    .map(|&r| self.rank_spec(r))
+                    .collect(),
             };
             if self.nodes[node].ranks.contains(&0) {
                 self.stdin_target = Some(StdinTarget::Remote(self.agents[ai].writer.clone()));
@@ -908,12 +1149,18 @@ impl<'a> Job<'a> {
             self.agents[ai].spawned = true;
             if let Err(e) = self.agents[ai].writer.send(&Msg::Spawn(spec)) {
                 // The reader thread reports the lost agent; note it for verbose runs.
-                self.vlog(&format!("cannot send the job to the agent on {}: {e}", self.agents[ai].host));
+                self.vlog(&format!(
+                    "cannot send the job to the agent on {}: {e}",
+                    self.agents[ai].host
+                ));
             }
         }
-        let local: Vec<usize> = (0..self.nodes.len()).filter(|&n| self.nodes[n].local).collect();
+        let local: Vec<usize> = (0..self.nodes.len())
+            .filter(|&n| self.nodes[n].local)
+            .collect();
         if !local.is_empty() {
-            let server = TcpListener::bind("127.0.0.1:0").and_then(|l| store::serve(l, &self.secret, self.store.clone()));
+            let server = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| store::serve(l, &self.secret, self.store.clone()));
             let server = match server {
                 Ok(s) => s,
                 Err(e) => {
@@ -922,7 +1169,10 @@ impl<'a> Job<'a> {
                             self.ranks[r].done = true;
                         }
                     }
-                    self.fail(EXIT_CONFIG, format!("cannot serve the bootstrap store on 127.0.0.1: {e}"));
+                    self.fail(
+                        EXIT_CONFIG,
+                        format!("cannot serve the bootstrap store on 127.0.0.1: {e}"),
+                    );
                     return;
                 }
             };
@@ -931,10 +1181,21 @@ impl<'a> Job<'a> {
                 ("RAILRING_JOB_SECRET".to_string(), self.secret.clone()),
             ];
             self._server = Some(server);
-            let events: Arc<dyn RankEvents> = Arc::new(LocalEvents { sink: self.sink.clone(), tx: Mutex::new(self.tx.clone()) });
+            let events: Arc<dyn RankEvents> = Arc::new(LocalEvents {
+                sink: self.sink.clone(),
+                tx: Mutex::new(self.tx.clone()),
+            });
             let program = self.program.clone();
-            let launch = Launch { program: &program, args: &args, cwd: &cwd, env: &env };
-            let local_ranks: Vec<usize> = local.iter().flat_map(|&n| self.nodes[n].ranks.clone()).collect();
+            let launch = Launch {
+                program: &program,
+                args: &args,
+                cwd: &cwd,
+                env: &env,
+            };
+            let local_ranks: Vec<usize> = local
+                .iter()
+                .flat_map(|&n| self.nodes[n].ranks.clone())
+                .collect();
             for (i, &r) in local_ranks.iter().enumerate() {
                 if self.kill_started.is_some() {
                     self.ranks[r].done = true;
@@ -953,12 +1214,24 @@ impl<'a> Job<'a> {
                             self.ranks[rest].done = true;
                         }
                         let host = self.host_of(r).to_string();
-                        self.fail(EXIT_NOT_STARTED, format!("rank {r} on host {host}: cannot start {}: {e}", self.program.display()));
+                        self.fail(
+                            EXIT_NOT_STARTED,
+                            format!(
+                                "rank {r} on host {host}: cannot start {}: {e}",
+                                self.program.display()
+                            ),
+                        );
                         break;
                     }
                 }
             }
-            self.vlog(&format!("started {} local rank(s)", local_ranks.iter().filter(|&&r| self.ranks[r].pid.is_some()).count()));
+            self.vlog(&format!(
+                "started {} local rank(s)",
+                local_ranks
+                    .iter()
+                    .filter(|&&r| self.ranks[r].pid.is_some())
+                    .count()
+            ));
         }
         self.start_stdin();
     }
@@ -966,7 +1239,9 @@ impl<'a> Job<'a> {
     /// railrun's stdin goes to rank 0 (not when railrun is a background job of a terminal,
     /// where reading would stop it).
     fn start_stdin(&mut self) {
-        let Some(target) = self.stdin_target.take() else { return };
+        let Some(target) = self.stdin_target.take() else {
+            return;
+        };
         // SAFETY: plain syscalls on fd 0.
         let background = unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) != libc::getpgrp() };
         if background {
@@ -975,35 +1250,41 @@ impl<'a> Job<'a> {
             }
             return;
         }
-        let _ = std::thread::Builder::new().name("rr-stdin".into()).spawn(move || {
-            let mut input = std::io::stdin().lock();
-            let mut buf = vec![0u8; 64 * 1024];
-            match target {
-                StdinTarget::Local(mut s) => loop {
-                    match input.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => {
-                            if s.write_all(&buf[..n]).is_err() {
-                                return;
+        let _ = std::thread::Builder::new()
+            .name("rr-stdin".into())
+            .spawn(move || {
+                let mut input = std::io::stdin().lock();
+                let mut buf = vec![0u8; 64 * 1024];
+                match target {
+                    StdinTarget::Local(mut s) => loop {
+                        match input.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if s.write_all(&buf[..n]).is_err() {
+                                    return;
+                                }
                             }
                         }
-                    }
-                },
-                StdinTarget::Remote(w) => loop {
-                    match input.read(&mut buf) {
-                        Ok(0) | Err(_) => {
-                            let _ = w.send(&Msg::StdinEof);
-                            return;
-                        }
-                        Ok(n) => {
-                            if w.send(&Msg::Stdin { data: buf[..n].to_vec() }).is_err() {
+                    },
+                    StdinTarget::Remote(w) => loop {
+                        match input.read(&mut buf) {
+                            Ok(0) | Err(_) => {
+                                let _ = w.send(&Msg::StdinEof);
                                 return;
                             }
+                            Ok(n) => {
+                                if w.send(&Msg::Stdin {
+                                    data: buf[..n].to_vec(),
+                                })
+                                .is_err()
+                                {
+                                    return;
+                                }
+                            }
                         }
-                    }
-                },
-            }
-        });
+                    },
+                }
+            });
     }
 
     // ---------------------------------------------------------------- running
@@ -1025,7 +1306,10 @@ impl<'a> Job<'a> {
                 );
                 return Some(code);
             } else if !self.kill_hard && SIGNAL_COUNT.load(Ordering::SeqCst) > 1 {
-                self.say(&format!("got {} again; SIGKILL to every rank now", proto::signal_name(sig)));
+                self.say(&format!(
+                    "got {} again; SIGKILL to every rank now",
+                    proto::signal_name(sig)
+                ));
                 self.kill_hard = true;
                 self.signal_all(libc::SIGKILL);
             }
@@ -1034,7 +1318,11 @@ impl<'a> Job<'a> {
             if self.kill_started.is_none() && self.start.elapsed() >= t {
                 self.fail(
                     EXIT_TIMEOUT,
-                    format!("the job did not finish within --timeout {} s; killing all {} rank(s)", fmt_secs(t), self.live_ranks()),
+                    format!(
+                        "the job did not finish within --timeout {} s; killing all {} rank(s)",
+                        fmt_secs(t),
+                        self.live_ranks()
+                    ),
                 );
                 return Some(EXIT_TIMEOUT);
             }
@@ -1057,7 +1345,9 @@ impl<'a> Job<'a> {
                     self.signal_all(libc::SIGKILL);
                 }
                 if el >= self.grace + Duration::from_secs(10) {
-                    let left: Vec<usize> = (0..self.ranks.len()).filter(|&r| !self.ranks[r].done).collect();
+                    let left: Vec<usize> = (0..self.ranks.len())
+                        .filter(|&r| !self.ranks[r].done)
+                        .collect();
                     self.say(&format!("{} rank(s) did not report their end (e.g. rank {} on {}); giving up on them", left.len(), left[0], self.host_of(left[0])));
                     for r in left {
                         self.ranks[r].done = true;
@@ -1087,45 +1377,73 @@ impl<'a> Job<'a> {
     fn handle(&mut self, ev: Ev) {
         match ev {
             Ev::Exited { rank, exit, from } => {
-                let Some(r) = self.rank_is_from(rank, from) else { return };
+                let Some(r) = self.rank_is_from(rank, from) else {
+                    return;
+                };
                 if self.ranks[r].done {
                     return;
                 }
                 self.ranks[r].done = true;
                 if self.opts.verbose > 1 && (exit.success() || self.kill_started.is_some()) {
-                    self.vlog(&format!("rank {r} on host {} {}", self.host_of(r), exit.describe()));
+                    self.vlog(&format!(
+                        "rank {r} on host {} {}",
+                        self.host_of(r),
+                        exit.describe()
+                    ));
                 }
                 if !exit.success() {
                     let host = self.host_of(r).to_string();
-                    self.fail(exit.exit_code(), format!("rank {r} on host {host} {}", exit.describe()));
+                    self.fail(
+                        exit.exit_code(),
+                        format!("rank {r} on host {host} {}", exit.describe()),
+                    );
                 }
             }
             Ev::SpawnFailed { rank, error, from } => {
-                let Some(r) = self.rank_is_from(rank, from) else { return };
+                let Some(r) = self.rank_is_from(rank, from) else {
+                    return;
+                };
                 if self.ranks[r].done {
                     return;
                 }
                 self.ranks[r].done = true;
                 let host = self.host_of(r).to_string();
-                self.fail(EXIT_NOT_STARTED, format!("rank {r} on host {host}: {error}"));
+                self.fail(
+                    EXIT_NOT_STARTED,
+                    format!("rank {r} on host {host}: {error}"),
+                );
             }
             Ev::Started { agent, pids } => {
                 if self.opts.verbose > 0 {
-                    self.vlog(&format!("host {}: started rank(s) {:?} (rank, pid)", self.agents[agent].host, pids));
+                    self.vlog(&format!(
+                        "host {}: started rank(s) {:?} (rank, pid)",
+                        self.agents[agent].host, pids
+                    ));
                 }
             }
             Ev::AgentBye { agent } => self.agents[agent].bye = true,
             Ev::AgentGone { agent, why } => {
                 self.agents[agent].gone = true;
                 let node = self.agents[agent].node;
-                let lost: Vec<usize> = self.nodes[node].ranks.iter().copied().filter(|&r| !self.ranks[r].done).collect();
+                let lost: Vec<usize> = self.nodes[node]
+                    .ranks
+                    .iter()
+                    .copied()
+                    .filter(|&r| !self.ranks[r].done)
+                    .collect();
                 for &r in &lost {
                     self.ranks[r].done = true;
                 }
                 if !lost.is_empty() {
                     let text = self.agent_failure_text(agent, &why);
                     let host = self.agents[agent].host.clone();
-                    self.fail(EXIT_AGENT, format!("lost the agent on host {host} with {} rank(s) running: {text}", lost.len()));
+                    self.fail(
+                        EXIT_AGENT,
+                        format!(
+                            "lost the agent on host {host} with {} rank(s) running: {text}",
+                            lost.len()
+                        ),
+                    );
                 }
             }
             Ev::Hello { .. } => {}
@@ -1149,7 +1467,8 @@ impl<'a> Job<'a> {
                 let _ = a.writer.send(&Msg::Bye);
             }
         }
-        let deadline = Instant::now() + Duration::from_secs(8) + self.grace.min(Duration::from_secs(5));
+        let deadline =
+            Instant::now() + Duration::from_secs(8) + self.grace.min(Duration::from_secs(5));
         while self.agents.iter().any(|a| !a.gone && !a.bye) && Instant::now() < deadline {
             self.check_signal_or_timeout();
             match self.rx.recv_timeout(Duration::from_millis(50)) {
@@ -1161,7 +1480,10 @@ impl<'a> Job<'a> {
         }
         for a in &self.agents {
             if !a.gone && !a.bye {
-                self.say(&format!("the agent on host {} did not confirm its end; closing its connection", a.host));
+                self.say(&format!(
+                    "the agent on host {} did not confirm its end; closing its connection",
+                    a.host
+                ));
             }
             a.writer.close();
         }
@@ -1230,9 +1552,15 @@ pub fn report_bindings(pl: &Placement, bind_to: Option<crate::cli::BindTo>) -> S
     use railring::topology::{format_cpulist, BindOptions, BindTo, Topology};
     let mut out = String::from("railrun: bindings:\n");
     let mut local_cache: Option<Result<(Topology, BindOptions), String>> = None;
-    let mut per_size: std::collections::HashMap<usize, Result<Vec<railring::topology::Binding>, String>> = Default::default();
+    let mut per_size: std::collections::HashMap<
+        usize,
+        Result<Vec<railring::topology::Binding>, String>,
+    > = Default::default();
     for r in &pl.ranks {
-        let head = format!("  rank {} on {} (local rank {}/{})", r.rank, r.host, r.local_rank, r.local_size);
+        let head = format!(
+            "  rank {} on {} (local rank {}/{})",
+            r.rank, r.host, r.local_rank, r.local_size
+        );
         if !hosts::is_local(&r.host) {
             out.push_str(&format!("{head}: (remote: bound at start)\n"));
             continue;
@@ -1256,22 +1584,43 @@ pub fn report_bindings(pl: &Placement, bind_to: Option<crate::cli::BindTo>) -> S
                 continue;
             }
         };
-        let b = per_size.entry(r.local_size).or_insert_with(|| t.bindings(r.local_size, o).map_err(|e| e.to_string()));
+        let b = per_size
+            .entry(r.local_size)
+            .or_insert_with(|| t.bindings(r.local_size, o).map_err(|e| e.to_string()));
         match b {
             Ok(v) => match v.get(r.local_rank) {
                 Some(b) => {
                     let gpu = match &b.gpu {
-                        Some(g) => format!("GPU {} (cuda {}{})", g.index, g.cuda_ordinal, g.busid.as_deref().map(|s| format!(", {s}")).unwrap_or_default()),
+                        Some(g) => format!(
+                            "GPU {} (cuda {}{})",
+                            g.index,
+                            g.cuda_ordinal,
+                            g.busid
+                                .as_deref()
+                                .map(|s| format!(", {s}"))
+                                .unwrap_or_default()
+                        ),
                         None => "no GPU".into(),
                     };
                     let nics = if b.nics.is_empty() {
                         "no NIC".to_string()
                     } else {
-                        b.nics.iter().map(|n| format!("{} ({})", n.name, n.path_class)).collect::<Vec<_>>().join(", ")
+                        b.nics
+                            .iter()
+                            .map(|n| format!("{} ({})", n.name, n.path_class))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     };
-                    let cpus = if b.cpus.is_empty() { "CPUs unbound".to_string() } else { format!("CPUs {}", format_cpulist(&b.cpus)) };
+                    let cpus = if b.cpus.is_empty() {
+                        "CPUs unbound".to_string()
+                    } else {
+                        format!("CPUs {}", format_cpulist(&b.cpus))
+                    };
                     let numa = b.numa.map(|n| format!(" (NUMA {n})")).unwrap_or_default();
-                    out.push_str(&format!("{head}: {gpu} | NIC {nics} | {cpus}{numa} | {}\n", b.reason));
+                    out.push_str(&format!(
+                        "{head}: {gpu} | NIC {nics} | {cpus}{numa} | {}\n",
+                        b.reason
+                    ));
                 }
                 None => out.push_str(&format!("{head}: no binding computed\n")),
             },
@@ -1290,23 +1639,39 @@ mod tests {
         let a = new_job_id();
         let b = new_job_id();
         assert_eq!(a.len(), 10);
-        assert!(a.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()), "{a}");
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+            "{a}"
+        );
         assert_ne!(a, b);
     }
 
     #[test]
     fn program_lookup() {
         let cwd = std::env::current_dir().unwrap();
-        assert_eq!(resolve_program("./x/../prog").unwrap(), cwd.join("x/../prog").components().collect::<PathBuf>());
-        assert_eq!(resolve_program("/bin/true").unwrap(), PathBuf::from("/bin/true"));
+        assert_eq!(
+            resolve_program("./x/../prog").unwrap(),
+            cwd.join("x/../prog").components().collect::<PathBuf>()
+        );
+        assert_eq!(
+            resolve_program("/bin/true").unwrap(),
+            PathBuf::from("/bin/true")
+        );
         let sh = resolve_program("sh").unwrap();
         assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
         let e = resolve_program("railrun-no-such-program").unwrap_err();
-        assert!(e.contains("railrun-no-such-program") && e.contains("not found"), "{e}");
+        assert!(
+            e.contains("railrun-no-such-program") && e.contains("not found"),
+            "{e}"
+        );
     }
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: std::collections::HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let m: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         move |k| m.get(k).cloned()
     }
 
@@ -1316,24 +1681,67 @@ mod tests {
         let found = |_: &str| Some(PathBuf::from("/opt/slurm/bin/srun"));
         let missing = |_: &str| None;
         let alloc = env_of(&[("SLURM_JOB_ID", "42"), ("SLURM_JOB_NODELIST", "n[1-2]")]);
-        assert_eq!(choose_agent_launcher(true, false, &alloc, &found), Ok(AgentLauncher::Srun(srun.clone())));
+        assert_eq!(
+            choose_agent_launcher(true, false, &alloc, &found),
+            Ok(AgentLauncher::Srun(srun.clone()))
+        );
         // Not the allocation's hosts, no srun, --ssh given, or no allocation: ssh.
-        assert_eq!(choose_agent_launcher(false, false, &alloc, &found), Ok(AgentLauncher::Ssh));
-        assert_eq!(choose_agent_launcher(true, false, &alloc, &missing), Ok(AgentLauncher::Ssh));
-        assert_eq!(choose_agent_launcher(true, true, &alloc, &found), Ok(AgentLauncher::Ssh));
-        assert_eq!(choose_agent_launcher(true, false, &env_of(&[("SLURM_NODELIST", "a")]), &found), Ok(AgentLauncher::Ssh));
+        assert_eq!(
+            choose_agent_launcher(false, false, &alloc, &found),
+            Ok(AgentLauncher::Ssh)
+        );
+        assert_eq!(
+            choose_agent_launcher(true, false, &alloc, &missing),
+            Ok(AgentLauncher::Ssh)
+        );
+        assert_eq!(
+            choose_agent_launcher(true, true, &alloc, &found),
+            Ok(AgentLauncher::Ssh)
+        );
+        assert_eq!(
+            choose_agent_launcher(true, false, &env_of(&[("SLURM_NODELIST", "a")]), &found),
+            Ok(AgentLauncher::Ssh)
+        );
         // RAILRUN_LAUNCHER overrides.
         let e = env_of(&[("SLURM_JOB_ID", "42"), ("RAILRUN_LAUNCHER", "ssh")]);
-        assert_eq!(choose_agent_launcher(true, false, &e, &found), Ok(AgentLauncher::Ssh));
+        assert_eq!(
+            choose_agent_launcher(true, false, &e, &found),
+            Ok(AgentLauncher::Ssh)
+        );
         let e = env_of(&[("SLURM_JOB_ID", "42"), ("RAILRUN_LAUNCHER", " SRUN ")]);
-        assert_eq!(choose_agent_launcher(false, true, &e, &found), Ok(AgentLauncher::Srun(srun)));
+        assert_eq!(
+            choose_agent_launcher(false, true, &e, &found),
+            Ok(AgentLauncher::Srun(srun))
+        );
         let err = choose_agent_launcher(true, false, &e, &missing).unwrap_err();
-        assert!(err.contains("RAILRUN_LAUNCHER") && err.contains("PATH"), "{err}");
-        let err = choose_agent_launcher(true, false, &env_of(&[("RAILRUN_LAUNCHER", "srun")]), &found).unwrap_err();
+        assert!(
+            err.contains("RAILRUN_LAUNCHER") && err.contains("PATH"),
+            "{err}"
+        );
+        let err = choose_agent_launcher(
+            true,
+            false,
+            &env_of(&[("RAILRUN_LAUNCHER", "srun")]),
+            &found,
+        )
+        .unwrap_err();
         assert!(err.contains("SLURM_JOB_ID"), "{err}");
-        let err = choose_agent_launcher(true, false, &env_of(&[("RAILRUN_LAUNCHER", "pbs")]), &found).unwrap_err();
-        assert!(err.contains("RAILRUN_LAUNCHER") && err.contains("pbs"), "{err}");
-        assert_eq!(choose_agent_launcher(true, false, &env_of(&[("RAILRUN_LAUNCHER", "auto")]), &found), Ok(AgentLauncher::Ssh));
+        let err =
+            choose_agent_launcher(true, false, &env_of(&[("RAILRUN_LAUNCHER", "pbs")]), &found)
+                .unwrap_err();
+        assert!(
+            err.contains("RAILRUN_LAUNCHER") && err.contains("pbs"),
+            "{err}"
+        );
+        assert_eq!(
+            choose_agent_launcher(
+                true,
+                false,
+                &env_of(&[("RAILRUN_LAUNCHER", "auto")]),
+                &found
+            ),
+            Ok(AgentLauncher::Ssh)
+        );
     }
 
     #[test]
@@ -1361,19 +1769,55 @@ mod tests {
             ]
         );
         let v = agent_argv(&srun, &[], ct, None, "n2", "/a b/railrun", 2);
-        assert_eq!(&v[v.len() - 3..], ["/a b/railrun", "--agent", "-v"], "srun passes argv, no shell quoting");
+        assert_eq!(
+            &v[v.len() - 3..],
+            ["/a b/railrun", "--agent", "-v"],
+            "srun passes argv, no shell quoting"
+        );
 
         let ssh = vec!["ssh".to_string(), "-F".into(), "/tmp/cfg".into()];
-        let v = agent_argv(&AgentLauncher::Ssh, &ssh, ct, Some("bob"), "n1", "/opt/rr/railrun", 0);
+        let v = agent_argv(
+            &AgentLauncher::Ssh,
+            &ssh,
+            ct,
+            Some("bob"),
+            "n1",
+            "/opt/rr/railrun",
+            0,
+        );
         assert_eq!(
             v,
-            ["ssh", "-F", "/tmp/cfg", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15", "bob@n1", "exec /opt/rr/railrun --agent"]
+            [
+                "ssh",
+                "-F",
+                "/tmp/cfg",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=15",
+                "bob@n1",
+                "exec /opt/rr/railrun --agent"
+            ]
         );
-        let v = agent_argv(&AgentLauncher::Ssh, &[], Duration::from_millis(10), None, "n1", "/a b/railrun", 2);
+        let v = agent_argv(
+            &AgentLauncher::Ssh,
+            &[],
+            Duration::from_millis(10),
+            None,
+            "n1",
+            "/a b/railrun",
+            2,
+        );
         assert_eq!(v[0], "ssh");
         assert_eq!(v[4], "ConnectTimeout=1");
         assert_eq!(v[5], "n1");
-        assert_eq!(v[6], format!("exec {} --agent -v", crate::cli::shell_quote("/a b/railrun")));
+        assert_eq!(
+            v[6],
+            format!(
+                "exec {} --agent -v",
+                crate::cli::shell_quote("/a b/railrun")
+            )
+        );
     }
 
     #[test]

@@ -115,7 +115,12 @@ pub fn signal_name(s: i32) -> String {
 pub enum Msg {
     /// agent → launcher, first frame. `free_port`: a TCP port that was free on the agent's node
     /// (found by binding port 0), used as MASTER_PORT when this node is node 0.
-    Hello { hostname: String, pid: u32, free_port: u16, version: String },
+    Hello {
+        hostname: String,
+        pid: u32,
+        free_port: u16,
+        version: String,
+    },
     /// launcher → agent: start these ranks.
     Spawn(JobSpec),
     /// agent → launcher: every rank of the Spawn is running (rank, pid).
@@ -220,15 +225,24 @@ pub fn read_magic<R: Read>(r: &mut R) -> Result<Vec<u8>, ProtoError> {
     let mut b = [0u8; 1];
     loop {
         match r.read(&mut b) {
-            Ok(0) => return Err(ProtoError::NoMagic(String::from_utf8_lossy(&seen).into_owned())),
+            Ok(0) => {
+                return Err(ProtoError::NoMagic(
+                    String::from_utf8_lossy(&seen).into_owned(),
+                ))
+            }
             Ok(_) => {
                 seen.push(b[0]);
-                if b[0] == b'\n' && seen.len() > MAGIC.len() && seen[seen.len() - 1 - MAGIC.len()..seen.len() - 1] == *MAGIC {
+                if b[0] == b'\n'
+                    && seen.len() > MAGIC.len()
+                    && seen[seen.len() - 1 - MAGIC.len()..seen.len() - 1] == *MAGIC
+                {
                     seen.truncate(seen.len() - 1 - MAGIC.len());
                     return Ok(seen);
                 }
                 if seen.len() > LIMIT {
-                    return Err(ProtoError::NoMagic(String::from_utf8_lossy(&seen[..200]).into_owned()));
+                    return Err(ProtoError::NoMagic(
+                        String::from_utf8_lossy(&seen[..200]).into_owned(),
+                    ));
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -245,7 +259,9 @@ pub struct FrameWriter<W: Write + Send> {
 
 impl<W: Write + Send> FrameWriter<W> {
     pub fn new(w: W) -> Self {
-        FrameWriter { w: Mutex::new(Some(w)) }
+        FrameWriter {
+            w: Mutex::new(Some(w)),
+        }
     }
 
     pub fn send(&self, msg: &Msg) -> Result<(), ProtoError> {
@@ -261,7 +277,10 @@ impl<W: Write + Send> FrameWriter<W> {
                 w.flush()?;
                 Ok(())
             }
-            None => Err(ProtoError::Io(io::Error::new(io::ErrorKind::BrokenPipe, "channel closed"))),
+            None => Err(ProtoError::Io(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "channel closed",
+            ))),
         }
     }
 
@@ -281,11 +300,21 @@ pub mod b64 {
     pub fn encode(b: &[u8]) -> String {
         let mut out = String::with_capacity(b.len().div_ceil(3) * 4);
         for ch in b.chunks(3) {
-            let v = (ch[0] as u32) << 16 | (*ch.get(1).unwrap_or(&0) as u32) << 8 | *ch.get(2).unwrap_or(&0) as u32;
+            let v = (ch[0] as u32) << 16
+                | (*ch.get(1).unwrap_or(&0) as u32) << 8
+                | *ch.get(2).unwrap_or(&0) as u32;
             out.push(ALPHA[(v >> 18) as usize & 63] as char);
             out.push(ALPHA[(v >> 12) as usize & 63] as char);
-            out.push(if ch.len() > 1 { ALPHA[(v >> 6) as usize & 63] as char } else { '=' });
-            out.push(if ch.len() > 2 { ALPHA[v as usize & 63] as char } else { '=' });
+            out.push(if ch.len() > 1 {
+                ALPHA[(v >> 6) as usize & 63] as char
+            } else {
+                '='
+            });
+            out.push(if ch.len() > 2 {
+                ALPHA[v as usize & 63] as char
+            } else {
+                '='
+            });
         }
         out
     }
@@ -360,10 +389,26 @@ mod tests {
     #[test]
     fn frames_round_trip() {
         let msgs = vec![
-            Msg::Hello { hostname: "n1".into(), pid: 7, free_port: 4242, version: "0.1".into() },
-            Msg::Output { rank: 3, stream: Stream::Stderr, data: vec![0, 255, b'\n'] },
-            Msg::RankExited { rank: 1, exit: ExitKind::Signal(9) },
-            Msg::StoreReq { conn: 1, id: 2, frame: vec![1, 2, 3] },
+            Msg::Hello {
+                hostname: "n1".into(),
+                pid: 7,
+                free_port: 4242,
+                version: "0.1".into(),
+            },
+            Msg::Output {
+                rank: 3,
+                stream: Stream::Stderr,
+                data: vec![0, 255, b'\n'],
+            },
+            Msg::RankExited {
+                rank: 1,
+                exit: ExitKind::Signal(9),
+            },
+            Msg::StoreReq {
+                conn: 1,
+                id: 2,
+                frame: vec![1, 2, 3],
+            },
             Msg::Kill { signal: 15 },
             Msg::Bye,
             Msg::StdinEof,
@@ -374,7 +419,11 @@ mod tests {
                 env: vec![("A".into(), "1".into())],
                 secret: "s".into(),
                 kill_grace_ms: 3000,
-                ranks: vec![RankSpec { rank: 0, env: vec![], stdin: true }],
+                ranks: vec![RankSpec {
+                    rank: 0,
+                    env: vec![],
+                    stdin: true,
+                }],
             }),
         ];
         let mut buf = Vec::new();
@@ -423,7 +472,10 @@ mod tests {
     fn exit_kinds() {
         assert_eq!(ExitKind::Signal(9).exit_code(), 137);
         assert_eq!(ExitKind::Code(3).exit_code(), 3);
-        assert_eq!(ExitKind::Signal(15).describe(), "killed by signal 15 (SIGTERM)");
+        assert_eq!(
+            ExitKind::Signal(15).describe(),
+            "killed by signal 15 (SIGTERM)"
+        );
         assert_eq!(signal_name(200), "signal 200");
     }
 }

@@ -57,7 +57,11 @@ pub fn spawn_rank(
     for (k, v) in l.env.iter().chain(rank.env.iter()).chain(extra_env.iter()) {
         cmd.env(k, v);
     }
-    cmd.stdin(if rank.stdin { Stdio::piped() } else { Stdio::null() });
+    cmd.stdin(if rank.stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: getpid is async-signal-safe and called here, before the fork.
     let parent = unsafe { libc::getpid() };
@@ -67,7 +71,14 @@ pub fn spawn_rank(
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
             }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) < 0
+            {
                 return Err(io::Error::last_os_error());
             }
             // The parent died between fork and prctl: do not outlive it.
@@ -86,43 +97,53 @@ pub fn spawn_rank(
         readers += 1;
         let ev = events.clone();
         let tx = done_tx.clone();
-        std::thread::Builder::new().name(format!("rr-out-{r}")).spawn(move || {
-            for_each_line(out, |line| {
-                ev.output(r, Stream::Stdout, line);
-                true
-            });
-            let _ = tx.send(());
-        })?;
+        std::thread::Builder::new()
+            .name(format!("rr-out-{r}"))
+            .spawn(move || {
+                for_each_line(out, |line| {
+                    ev.output(r, Stream::Stdout, line);
+                    true
+                });
+                let _ = tx.send(());
+            })?;
     }
     if let Some(err) = child.stderr.take() {
         readers += 1;
         let ev = events.clone();
         let tx = done_tx.clone();
-        std::thread::Builder::new().name(format!("rr-err-{r}")).spawn(move || {
-            for_each_line(err, |line| {
-                ev.output(r, Stream::Stderr, line);
-                true
-            });
-            let _ = tx.send(());
-        })?;
+        std::thread::Builder::new()
+            .name(format!("rr-err-{r}"))
+            .spawn(move || {
+                for_each_line(err, |line| {
+                    ev.output(r, Stream::Stderr, line);
+                    true
+                });
+                let _ = tx.send(());
+            })?;
     }
     drop(done_tx);
     let stdin = child.stdin.take();
-    std::thread::Builder::new().name(format!("rr-wait-{r}")).spawn(move || {
-        let exit = match child.wait() {
-            Ok(st) => ExitKind::from_status(st),
-            Err(_) => ExitKind::Code(1),
-        };
-        let deadline = Instant::now() + DRAIN_AFTER_EXIT;
-        for _ in 0..readers {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if done_rx.recv_timeout(left).is_err() {
-                break;
+    std::thread::Builder::new()
+        .name(format!("rr-wait-{r}"))
+        .spawn(move || {
+            let exit = match child.wait() {
+                Ok(st) => ExitKind::from_status(st),
+                Err(_) => ExitKind::Code(1),
+            };
+            let deadline = Instant::now() + DRAIN_AFTER_EXIT;
+            for _ in 0..readers {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if done_rx.recv_timeout(left).is_err() {
+                    break;
+                }
             }
-        }
-        events.exited(r, exit);
-    })?;
-    Ok(RankProc { rank: r, pid, stdin })
+            events.exited(r, exit);
+        })?;
+    Ok(RankProc {
+        rank: r,
+        pid,
+        stdin,
+    })
 }
 
 /// Send `sig` to the process group of the rank whose leader is `pid`.
@@ -160,11 +181,20 @@ pub fn children() -> Vec<u32> {
         // Kernels without CONFIG_PROC_CHILDREN: scan /proc/*/stat for our pid as parent.
         if let Ok(rd) = std::fs::read_dir("/proc") {
             for e in rd.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                    continue;
+                };
                 // pid (comm) state ppid ...: comm may hold spaces/parens; split after the last ')'.
-                let Some(rest) = stat.rsplit_once(')').map(|x| x.1) else { continue };
-                let ppid = rest.split_whitespace().nth(1).and_then(|x| x.parse::<u32>().ok());
+                let Some(rest) = stat.rsplit_once(')').map(|x| x.1) else {
+                    continue;
+                };
+                let ppid = rest
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|x| x.parse::<u32>().ok());
                 if ppid == Some(me) {
                     v.push(pid);
                 }
@@ -182,7 +212,10 @@ pub fn children() -> Vec<u32> {
 pub fn kill_orphans(keep: &[u32]) -> usize {
     let mut n = 0;
     for _ in 0..3 {
-        let kids: Vec<u32> = children().into_iter().filter(|p| !keep.contains(p)).collect();
+        let kids: Vec<u32> = children()
+            .into_iter()
+            .filter(|p| !keep.contains(p))
+            .collect();
         if kids.is_empty() {
             break;
         }

@@ -52,7 +52,10 @@ fn raw_fd(fd: i32) -> ManuallyDrop<File> {
 
 enum Target {
     Terminal,
-    Dir { dir: PathBuf, files: Vec<Mutex<Option<File>>> },
+    Dir {
+        dir: PathBuf,
+        files: Vec<Mutex<Option<File>>>,
+    },
 }
 
 /// Where rank output goes. Shared by every thread that forwards output.
@@ -68,21 +71,31 @@ pub struct Sink {
 impl Sink {
     /// Lines go to railrun's stdout/stderr.
     pub fn terminal(tag: bool) -> Sink {
-        Sink { target: Target::Terminal, tag, term: Mutex::new(()), stdout_broken: AtomicBool::new(false) }
+        Sink {
+            target: Target::Terminal,
+            tag,
+            term: Mutex::new(()),
+            stdout_broken: AtomicBool::new(false),
+        }
     }
 
     /// One file `dir/rank.N.out` per rank (created now, truncated), holding stdout and stderr lines.
     pub fn dir(dir: &Path, world: usize, tag: bool) -> io::Result<Sink> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| io::Error::new(e.kind(), format!("--output-dir {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            io::Error::new(e.kind(), format!("--output-dir {}: {e}", dir.display()))
+        })?;
         let mut files = Vec::with_capacity(world);
         for r in 0..world {
             let p = dir.join(format!("rank.{r}.out"));
-            let f = File::create(&p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+            let f = File::create(&p)
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
             files.push(Mutex::new(Some(f)));
         }
         Ok(Sink {
-            target: Target::Dir { dir: dir.to_path_buf(), files },
+            target: Target::Dir {
+                dir: dir.to_path_buf(),
+                files,
+            },
             tag,
             term: Mutex::new(()),
             stdout_broken: AtomicBool::new(false),
@@ -124,12 +137,17 @@ impl Sink {
                 }
             }
             Target::Dir { dir, files } => {
-                let Some(slot) = files.get(rank as usize) else { return };
+                let Some(slot) = files.get(rank as usize) else {
+                    return;
+                };
                 let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(f) = g.as_mut() {
                     if let Err(e) = f.write_all(&buf) {
                         drop(g.take());
-                        self.message(&format!("railrun: cannot write {}/rank.{rank}.out: {e}; dropping its output", dir.display()));
+                        self.message(&format!(
+                            "railrun: cannot write {}/rank.{rank}.out: {e}; dropping its output",
+                            dir.display()
+                        ));
                     }
                 }
             }
@@ -174,7 +192,15 @@ mod tests {
 
     #[test]
     fn splits_lines() {
-        assert_eq!(lines(b"a\nbb\n\nc"), vec![b"a\n".to_vec(), b"bb\n".to_vec(), b"\n".to_vec(), b"c".to_vec()]);
+        assert_eq!(
+            lines(b"a\nbb\n\nc"),
+            vec![
+                b"a\n".to_vec(),
+                b"bb\n".to_vec(),
+                b"\n".to_vec(),
+                b"c".to_vec()
+            ]
+        );
         assert!(lines(b"").is_empty());
         let long = vec![b'x'; MAX_LINE * 2 + 5];
         let l = lines(&long);
@@ -211,7 +237,10 @@ mod tests {
         s.line(1, Stream::Stderr, b"err");
         s.line(7, Stream::Stdout, b"nobody\n");
         s.flush();
-        assert_eq!(std::fs::read_to_string(d.join("rank.1.out")).unwrap(), "[1] out\n[1] err\n");
+        assert_eq!(
+            std::fs::read_to_string(d.join("rank.1.out")).unwrap(),
+            "[1] out\n[1] err\n"
+        );
         assert_eq!(std::fs::read_to_string(d.join("rank.0.out")).unwrap(), "");
         let _ = std::fs::remove_dir_all(d);
     }

@@ -67,7 +67,11 @@ pub struct ClusterSpec {
 
 impl Default for ClusterSpec {
     fn default() -> Self {
-        ClusterSpec { hosts: 2, rails: 2, rail_rate: None }
+        ClusterSpec {
+            hosts: 2,
+            rails: 2,
+            rail_rate: None,
+        }
     }
 }
 
@@ -145,8 +149,14 @@ fn describe(cmd: &Command) -> String {
 fn run_cmd(cmd: &mut Command, input: Option<&str>) -> Result<String, String> {
     let what = describe(cmd);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
-    let mut child = cmd.spawn().map_err(|e| format!("cannot run `{what}`: {e}"))?;
+    cmd.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run `{what}`: {e}"))?;
     if let Some(input) = input {
         if let Some(mut stdin) = child.stdin.take() {
             stdin
@@ -154,7 +164,9 @@ fn run_cmd(cmd: &mut Command, input: Option<&str>) -> Result<String, String> {
                 .map_err(|e| format!("writing stdin of `{what}`: {e}"))?;
         }
     }
-    let out = child.wait_with_output().map_err(|e| format!("waiting for `{what}`: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for `{what}`: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
@@ -174,11 +186,20 @@ fn find_tool(name: &str) -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect())
         .unwrap_or_default();
-    for d in ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"] {
+    for d in [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ] {
         dirs.push(PathBuf::from(d));
     }
     dirs.into_iter().map(|d| d.join(name)).find(|p| {
-        fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+        fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
     })
 }
 
@@ -224,7 +245,10 @@ fn proc_starttime(pid: u32) -> Option<u64> {
 fn proc_is_zombie(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rfind(')').map(|i| s[i + 1..].trim_start().starts_with(['Z', 'X'])))
+        .and_then(|s| {
+            s.rfind(')')
+                .map(|i| s[i + 1..].trim_start().starts_with(['Z', 'X']))
+        })
         .unwrap_or(true)
 }
 
@@ -250,8 +274,11 @@ fn ns_id(path: &Path) -> Option<(u64, u64)> {
 }
 
 fn all_pids() -> Vec<u32> {
-    let Ok(rd) = fs::read_dir("/proc") else { return Vec::new() };
-    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 /// Processes whose network namespace is one of `ids` (zombies excluded:
@@ -265,7 +292,9 @@ fn pids_in_netns(ids: &HashSet<(u64, u64)>) -> Vec<u32> {
         .into_iter()
         .filter(|&p| p != me)
         .filter(|&p| {
-            ns_id(Path::new(&format!("/proc/{p}/ns/net"))).map(|id| ids.contains(&id)).unwrap_or(false)
+            ns_id(Path::new(&format!("/proc/{p}/ns/net")))
+                .map(|id| ids.contains(&id))
+                .unwrap_or(false)
         })
         .collect()
 }
@@ -311,7 +340,9 @@ fn rail_addr_of(index: usize, rail: usize) -> Ipv4Addr {
 /// Parse a tc rate ("1gbit", "500mbit", "100mbps", "1000000") into bytes/s.
 fn rate_bytes_per_sec(rate: &str) -> Result<f64, String> {
     let r = rate.trim().to_ascii_lowercase();
-    let split = r.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(r.len());
+    let split = r
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(r.len());
     let (num, unit) = r.split_at(split);
     let n: f64 = num.parse().map_err(|_| format!("bad rail rate {rate:?}"))?;
     let bits_mult = match unit {
@@ -325,7 +356,9 @@ fn rate_bytes_per_sec(rate: &str) -> Result<f64, String> {
         "mbps" => 8e6,
         "gbps" => 8e9,
         "tbps" => 8e12,
-        _ => return Err(format!("bad rail rate {rate:?}: unit must be bit/kbit/mbit/gbit/tbit or bps/kbps/mbps/gbps")),
+        _ => return Err(format!(
+            "bad rail rate {rate:?}: unit must be bit/kbit/mbit/gbit/tbit or bps/kbps/mbps/gbps"
+        )),
     };
     let bps = n * bits_mult / 8.0;
     if bps < 1000.0 {
@@ -335,7 +368,9 @@ fn rate_bytes_per_sec(rate: &str) -> Result<f64, String> {
 }
 
 fn check_dir_path(p: &Path) -> Result<(), String> {
-    let s = p.to_str().ok_or_else(|| format!("cluster dir {} is not UTF-8", p.display()))?;
+    let s = p
+        .to_str()
+        .ok_or_else(|| format!("cluster dir {} is not UTF-8", p.display()))?;
     if s.contains(|c: char| c.is_whitespace() || c == '"' || c == '\'' || c == '%' || c == '\\') {
         return Err(format!(
             "cluster dir {s:?} must not contain whitespace, quotes, backslash or % (it goes into ssh/sshd configs)"
@@ -352,7 +387,8 @@ fn write_file(path: &Path, content: &str, mode: u32) -> Result<(), String> {
         .mode(mode)
         .open(path)
         .map_err(|e| format!("create {}: {e}", path.display()))?;
-    f.write_all(content.as_bytes()).map_err(|e| format!("write {}: {e}", path.display()))?;
+    f.write_all(content.as_bytes())
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(|e| format!("chmod {}: {e}", path.display()))
 }
@@ -383,13 +419,22 @@ fn ensure_root_safety(ip: &Path) -> Result<(), String> {
             return Err(format!("network safety: {e}"));
         }
     }
-    let exact = run_cmd(Command::new(ip).args(["-4", "route", "show", "exact", RANGE]), None)?;
-    if !exact.lines().any(|l| l.trim_start().starts_with("unreachable")) {
+    let exact = run_cmd(
+        Command::new(ip).args(["-4", "route", "show", "exact", RANGE]),
+        None,
+    )?;
+    if !exact
+        .lines()
+        .any(|l| l.trim_start().starts_with("unreachable"))
+    {
         return Err(format!(
             "network safety: the root namespace has a route for {RANGE} that is not `unreachable`:\n{exact}\nrefusing to build a cluster"
         ));
     }
-    let inner = run_cmd(Command::new(ip).args(["-4", "route", "show", "root", RANGE]), None)?;
+    let inner = run_cmd(
+        Command::new(ip).args(["-4", "route", "show", "root", RANGE]),
+        None,
+    )?;
     let bad: Vec<&str> = inner
         .lines()
         .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("unreachable 10.77.0.0/16"))
@@ -416,8 +461,15 @@ pub fn root_addrs(ip: &Path) -> Result<Vec<(String, Ipv4Addr)>, String> {
     for line in out.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         if let Some(i) = f.iter().position(|x| *x == "inet") {
-            if let Some(a) = f.get(i + 1).and_then(|s| s.split('/').next()).and_then(|s| s.parse().ok()) {
-                v.push((f.get(1).unwrap_or(&"?").trim_end_matches(':').to_string(), a));
+            if let Some(a) = f
+                .get(i + 1)
+                .and_then(|s| s.split('/').next())
+                .and_then(|s| s.parse().ok())
+            {
+                v.push((
+                    f.get(1).unwrap_or(&"?").trim_end_matches(':').to_string(),
+                    a,
+                ));
             }
         }
     }
@@ -441,7 +493,11 @@ fn registry_path(tag: &str) -> PathBuf {
 
 fn write_registry(tag: &str, owner: u32, dir: &Path) -> Result<(), String> {
     fs::create_dir_all(REGISTRY_DIR).map_err(|e| format!("mkdir {REGISTRY_DIR}: {e}"))?;
-    let start = if owner == 0 { 0 } else { proc_starttime(owner).unwrap_or(0) };
+    let start = if owner == 0 {
+        0
+    } else {
+        proc_starttime(owner).unwrap_or(0)
+    };
     write_file(
         &registry_path(tag),
         &format!("owner={owner}\nstart={start}\ndir={}\n", dir.display()),
@@ -450,13 +506,24 @@ fn write_registry(tag: &str, owner: u32, dir: &Path) -> Result<(), String> {
 }
 
 fn read_registry() -> Vec<RegEntry> {
-    let Ok(rd) = fs::read_dir(REGISTRY_DIR) else { return Vec::new() };
+    let Ok(rd) = fs::read_dir(REGISTRY_DIR) else {
+        return Vec::new();
+    };
     let mut v = Vec::new();
     for e in rd.flatten() {
-        let Some(tag) = e.file_name().to_str().map(str::to_string) else { continue };
-        let Ok(s) = fs::read_to_string(e.path()) else { continue };
+        let Some(tag) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let Ok(s) = fs::read_to_string(e.path()) else {
+            continue;
+        };
         let kv = parse_kv(&s);
-        let get = |k: &str| kv.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone()).unwrap_or_default();
+        let get = |k: &str| {
+            kv.iter()
+                .find(|(a, _)| a == k)
+                .map(|(_, b)| b.clone())
+                .unwrap_or_default()
+        };
         v.push(RegEntry {
             tag,
             owner: get("owner").parse().unwrap_or(0),
@@ -469,13 +536,18 @@ fn read_registry() -> Vec<RegEntry> {
 
 fn parse_kv(s: &str) -> Vec<(String, String)> {
     s.lines()
-        .filter_map(|l| l.split_once('=').map(|(a, b)| (a.trim().to_string(), b.trim().to_string())))
+        .filter_map(|l| {
+            l.split_once('=')
+                .map(|(a, b)| (a.trim().to_string(), b.trim().to_string()))
+        })
         .collect()
 }
 
 fn namespaces_of(tag: &str) -> Vec<String> {
     let prefix = format!("rr{tag}-");
-    let Ok(rd) = fs::read_dir(NETNS_DIR) else { return Vec::new() };
+    let Ok(rd) = fs::read_dir(NETNS_DIR) else {
+        return Vec::new();
+    };
     let mut v: Vec<String> = rd
         .flatten()
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
@@ -514,14 +586,19 @@ fn teardown_tag(
         for c in children.iter_mut() {
             let _ = c.try_wait();
         }
-        let live: Vec<u32> = pids_in_netns(&ids).into_iter().filter(|&p| !proc_is_zombie(p)).collect();
+        let live: Vec<u32> = pids_in_netns(&ids)
+            .into_iter()
+            .filter(|&p| !proc_is_zombie(p))
+            .collect();
         if live.is_empty() {
             break;
         }
         if Instant::now() > deadline {
             errors.push(format!(
                 "processes survived SIGKILL for {KILL_WAIT:?}: {:?}",
-                live.iter().map(|&p| (p, proc_cmdline(p))).collect::<Vec<_>>()
+                live.iter()
+                    .map(|&p| (p, proc_cmdline(p)))
+                    .collect::<Vec<_>>()
             ));
             break;
         }
@@ -572,7 +649,9 @@ fn teardown_tag(
 }
 
 fn extra_pids_from_state(dir: &Path) -> Vec<(u32, u64)> {
-    let Ok(s) = fs::read_to_string(dir.join("state")) else { return Vec::new() };
+    let Ok(s) = fs::read_to_string(dir.join("state")) else {
+        return Vec::new();
+    };
     let kv = parse_kv(&s);
     kv.iter()
         .filter(|(k, _)| k.starts_with("pid."))
@@ -592,7 +671,9 @@ pub fn gc_stale() -> Result<Vec<String>, String> {
         if e.owner == 0 {
             continue; // detached (emucluster up): only `emucluster down` removes it
         }
-        let alive = proc_starttime(e.owner).map(|s| e.start == 0 || s == e.start).unwrap_or(false);
+        let alive = proc_starttime(e.owner)
+            .map(|s| e.start == 0 || s == e.start)
+            .unwrap_or(false);
         if alive {
             continue;
         }
@@ -640,7 +721,10 @@ impl Cluster {
             Err(why) if is_ci() => panic!("{test}: emulated cluster unavailable under CI: {why}"),
             Err(why) => {
                 // Straight to fd 2: libtest captures eprintln! of passing tests.
-                let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: emulated cluster unavailable: {why}");
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIPPED: {test}: emulated cluster unavailable: {why}"
+                );
                 false
             }
         }
@@ -660,7 +744,11 @@ impl Cluster {
         if spec.rails > MAX_RAILS {
             return Err(format!("rails must be 0..={MAX_RAILS}, got {}", spec.rails));
         }
-        let rate_bps = spec.rail_rate.as_deref().map(rate_bytes_per_sec).transpose()?;
+        let rate_bps = spec
+            .rail_rate
+            .as_deref()
+            .map(rate_bytes_per_sec)
+            .transpose()?;
         let tools = resolve_tools(rate_bps.is_some())?;
 
         if let Err(e) = gc_stale() {
@@ -669,15 +757,25 @@ impl Cluster {
         ensure_root_safety(&tools.ip)?;
         fs::create_dir_all("/run/sshd").map_err(|e| format!("mkdir /run/sshd: {e}"))?;
 
-        let tag = format!("{}c{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        let tag = format!(
+            "{}c{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
         let dir = match &opts.dir {
             Some(d) => {
                 let d = if d.is_absolute() {
                     d.clone()
                 } else {
-                    std::env::current_dir().map_err(|e| format!("cwd: {e}"))?.join(d)
+                    std::env::current_dir()
+                        .map_err(|e| format!("cwd: {e}"))?
+                        .join(d)
                 };
-                if d.exists() && fs::read_dir(&d).map(|mut r| r.next().is_some()).unwrap_or(true) {
+                if d.exists()
+                    && fs::read_dir(&d)
+                        .map(|mut r| r.next().is_some())
+                        .unwrap_or(true)
+                {
                     return Err(format!("state dir {} exists and is not empty", d.display()));
                 }
                 d
@@ -687,7 +785,9 @@ impl Cluster {
         check_dir_path(&dir)?;
         fs::create_dir_all(&dir).map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
         if !namespaces_of(&tag).is_empty() {
-            return Err(format!("namespaces rr{tag}-* already exist; run `emucluster gc`"));
+            return Err(format!(
+                "namespaces rr{tag}-* already exist; run `emucluster gc`"
+            ));
         }
         write_registry(&tag, std::process::id(), &dir)?;
 
@@ -699,7 +799,13 @@ impl Cluster {
             sshd: 0,
         }];
         for k in 1..=spec.hosts {
-            hosts.push(Host { name: format!("n{k}"), index: k, ns: format!("rr{tag}-n{k}"), holder: 0, sshd: 0 });
+            hosts.push(Host {
+                name: format!("n{k}"),
+                index: k,
+                ns: format!("rr{tag}-n{k}"),
+                holder: 0,
+                sshd: 0,
+            });
         }
         let mut cluster = Cluster {
             tag,
@@ -732,14 +838,24 @@ impl Cluster {
         for key in ["ssh_host_ed25519_key", "id_ed25519"] {
             run_cmd(
                 Command::new(&self.tools.ssh_keygen)
-                    .args(["-q", "-t", "ed25519", "-N", "", "-C", &format!("railring-emucluster-{}", self.tag), "-f"])
+                    .args([
+                        "-q",
+                        "-t",
+                        "ed25519",
+                        "-N",
+                        "",
+                        "-C",
+                        &format!("railring-emucluster-{}", self.tag),
+                        "-f",
+                    ])
                     .arg(dir.join(key)),
                 None,
             )?;
             fs::set_permissions(dir.join(key), fs::Permissions::from_mode(0o600))
                 .map_err(|e| format!("chmod {key}: {e}"))?;
         }
-        let pubkey = fs::read_to_string(dir.join("id_ed25519.pub")).map_err(|e| format!("read id_ed25519.pub: {e}"))?;
+        let pubkey = fs::read_to_string(dir.join("id_ed25519.pub"))
+            .map_err(|e| format!("read id_ed25519.pub: {e}"))?;
         write_file(&dir.join("authorized_keys"), &pubkey, 0o600)?;
 
         let mut etc_hosts = String::from("127.0.0.1\tlocalhost\n");
@@ -748,7 +864,11 @@ impl Cluster {
         }
         for h in self.hosts.iter().skip(1) {
             for r in 0..self.rails {
-                etc_hosts.push_str(&format!("{}\t{}-rail{r}\n", rail_addr_of(h.index, r), h.name));
+                etc_hosts.push_str(&format!(
+                    "{}\t{}-rail{r}\n",
+                    rail_addr_of(h.index, r),
+                    h.name
+                ));
             }
         }
         write_file(&dir.join("hosts"), &etc_hosts, 0o644)?;
@@ -831,7 +951,16 @@ impl Cluster {
             let mut cmd = Command::new(&ip);
             cmd.args(["netns", "exec", &h.ns])
                 .arg(&self.tools.unshare)
-                .args(["--uts", "--mount", "--propagation", "private", "sh", "-c", script, "holder"])
+                .args([
+                    "--uts",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    script,
+                    "holder",
+                ])
                 .arg(&h.name)
                 .arg(dir.join("hosts"))
                 .stdin(Stdio::null())
@@ -841,10 +970,15 @@ impl Cluster {
                 cmd.process_group(0);
             }
             let what = describe(&cmd);
-            let mut child = cmd.spawn().map_err(|e| format!("cannot run `{what}`: {e}"))?;
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot run `{what}`: {e}"))?;
             self.hosts[i].holder = child.id();
             let stdout = child.stdout.take();
-            self.children.lock().unwrap_or_else(|e| e.into_inner()).push(child);
+            self.children
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(child);
             let tx = tx.clone();
             std::thread::spawn(move || {
                 let mut line = String::new();
@@ -863,7 +997,8 @@ impl Cluster {
                 Ok((i, line)) if line.trim() == "ready" => ready[i] = true,
                 Ok((i, line)) => {
                     let h = &self.hosts[i];
-                    let log = fs::read_to_string(dir.join(&h.name).join("holder.log")).unwrap_or_default();
+                    let log = fs::read_to_string(dir.join(&h.name).join("holder.log"))
+                        .unwrap_or_default();
                     return Err(format!(
                         "holder for host {} (netns {}) failed (said {:?}): {}",
                         h.name,
@@ -873,18 +1008,28 @@ impl Cluster {
                     ));
                 }
                 Err(_) => {
-                    let late: Vec<&str> =
-                        self.hosts.iter().zip(&ready).filter(|(_, r)| !**r).map(|(h, _)| h.name.as_str()).collect();
-                    return Err(format!("holders for {late:?} not ready after {HOLDER_WAIT:?}"));
+                    let late: Vec<&str> = self
+                        .hosts
+                        .iter()
+                        .zip(&ready)
+                        .filter(|(_, r)| !**r)
+                        .map(|(h, _)| h.name.as_str())
+                        .collect();
+                    return Err(format!(
+                        "holders for {late:?} not ready after {HOLDER_WAIT:?}"
+                    ));
                 }
             }
         }
 
         // links: everything is created from the switch namespace, with the
         // peer end created directly in the host namespace.
-        let mut swb = String::from("link set lo up\nlink add br-mgmt type bridge\nlink set br-mgmt up\n");
+        let mut swb =
+            String::from("link set lo up\nlink add br-mgmt type bridge\nlink set br-mgmt up\n");
         for r in 0..self.rails {
-            swb.push_str(&format!("link add br-rail{r} type bridge\nlink set br-rail{r} up\n"));
+            swb.push_str(&format!(
+                "link add br-rail{r} type bridge\nlink set br-rail{r} up\n"
+            ));
         }
         for h in &self.hosts {
             swb.push_str(&format!(
@@ -902,9 +1047,15 @@ impl Cluster {
                 }
             }
         }
-        run_cmd(Command::new(&ip).args(["-n", &sw, "-batch", "-"]), Some(&swb))?;
+        run_cmd(
+            Command::new(&ip).args(["-n", &sw, "-batch", "-"]),
+            Some(&swb),
+        )?;
         for h in &self.hosts {
-            let mut hb = format!("link set lo up\naddr add {}/24 dev mgmt0\nlink set mgmt0 up\n", mgmt_addr_of(h.index));
+            let mut hb = format!(
+                "link set lo up\naddr add {}/24 dev mgmt0\nlink set mgmt0 up\n",
+                mgmt_addr_of(h.index)
+            );
             if h.index > 0 {
                 for r in 0..self.rails {
                     hb.push_str(&format!(
@@ -913,14 +1064,19 @@ impl Cluster {
                     ));
                 }
             }
-            run_cmd(Command::new(&ip).args(["-n", &h.ns, "-batch", "-"]), Some(&hb))?;
+            run_cmd(
+                Command::new(&ip).args(["-n", &h.ns, "-batch", "-"]),
+                Some(&hb),
+            )?;
         }
         if let Some(bps) = rate_bps {
             let tc = self.tools.tc.clone().ok_or("tc not found")?;
             let rate = self.rail_rate.clone().unwrap_or_default();
             // burst: 10 ms worth of traffic, at least 128 KiB (veth GSO packets)
             let burst = ((bps * 0.010) as u64).max(128 * 1024);
-            let qdisc = |dev: &str| format!("qdisc add dev {dev} root tbf rate {rate} burst {burst} latency 50ms\n");
+            let qdisc = |dev: &str| {
+                format!("qdisc add dev {dev} root tbf rate {rate} burst {burst} latency 50ms\n")
+            };
             let mut swt = String::new();
             for h in self.hosts.iter().skip(1) {
                 let mut ht = String::new();
@@ -929,11 +1085,17 @@ impl Cluster {
                     ht.push_str(&qdisc(&format!("rail{r}")));
                 }
                 if !ht.is_empty() {
-                    run_cmd(Command::new(&tc).args(["-n", &h.ns, "-batch", "-"]), Some(&ht))?;
+                    run_cmd(
+                        Command::new(&tc).args(["-n", &h.ns, "-batch", "-"]),
+                        Some(&ht),
+                    )?;
                 }
             }
             if !swt.is_empty() {
-                run_cmd(Command::new(&tc).args(["-n", &sw, "-batch", "-"]), Some(&swt))?;
+                run_cmd(
+                    Command::new(&tc).args(["-n", &sw, "-batch", "-"]),
+                    Some(&swt),
+                )?;
             }
         }
 
@@ -941,7 +1103,8 @@ impl Cluster {
         for i in 0..self.hosts.len() {
             let h = self.hosts[i].clone();
             let hd = dir.join(&h.name);
-            let log = fs::File::create(hd.join("sshd.log")).map_err(|e| format!("create sshd.log: {e}"))?;
+            let log = fs::File::create(hd.join("sshd.log"))
+                .map_err(|e| format!("create sshd.log: {e}"))?;
             let log2 = log.try_clone().map_err(|e| format!("dup sshd.log: {e}"))?;
             let mut cmd = Command::new(&self.tools.nsenter);
             cmd.arg("-t")
@@ -957,9 +1120,14 @@ impl Cluster {
                 cmd.process_group(0);
             }
             let what = describe(&cmd);
-            let child = cmd.spawn().map_err(|e| format!("cannot run `{what}`: {e}"))?;
+            let child = cmd
+                .spawn()
+                .map_err(|e| format!("cannot run `{what}`: {e}"))?;
             self.hosts[i].sshd = child.id();
-            self.children.lock().unwrap_or_else(|e| e.into_inner()).push(child);
+            self.children
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(child);
         }
         self.wait_sshd()?;
         self.write_state()?;
@@ -969,8 +1137,11 @@ impl Cluster {
     /// Poll (from inside the head namespace) until every sshd answers with
     /// its SSH banner.
     fn wait_sshd(&self) -> Result<(), String> {
-        let targets: Vec<(String, Ipv4Addr)> =
-            self.hosts.iter().map(|h| (h.name.clone(), mgmt_addr_of(h.index))).collect();
+        let targets: Vec<(String, Ipv4Addr)> = self
+            .hosts
+            .iter()
+            .map(|h| (h.name.clone(), mgmt_addr_of(h.index)))
+            .collect();
         let deadline = Instant::now() + SSHD_WAIT;
         let mut pending: Vec<(String, Ipv4Addr)> = targets;
         let head = netns_path(&self.hosts[0].ns);
@@ -991,8 +1162,13 @@ impl Cluster {
                 for h in &self.hosts {
                     if let Some(c) = ch.iter_mut().find(|c| c.id() == h.sshd) {
                         if let Ok(Some(st)) = c.try_wait() {
-                            let log = fs::read_to_string(self.dir.join(&h.name).join("sshd.log")).unwrap_or_default();
-                            return Err(format!("sshd on {} exited ({st}): {}", h.name, log.trim()));
+                            let log = fs::read_to_string(self.dir.join(&h.name).join("sshd.log"))
+                                .unwrap_or_default();
+                            return Err(format!(
+                                "sshd on {} exited ({st}): {}",
+                                h.name,
+                                log.trim()
+                            ));
                         }
                     }
                 }
@@ -1001,11 +1177,15 @@ impl Cluster {
                 let logs: Vec<String> = still
                     .iter()
                     .map(|(n, _)| {
-                        let log = fs::read_to_string(self.dir.join(n).join("sshd.log")).unwrap_or_default();
+                        let log = fs::read_to_string(self.dir.join(n).join("sshd.log"))
+                            .unwrap_or_default();
                         format!("{n}: {}", log.trim())
                     })
                     .collect();
-                return Err(format!("sshd not answering after {SSHD_WAIT:?}: {}", logs.join("; ")));
+                return Err(format!(
+                    "sshd not answering after {SSHD_WAIT:?}: {}",
+                    logs.join("; ")
+                ));
             }
             pending = still;
             std::thread::sleep(Duration::from_millis(20));
@@ -1021,7 +1201,10 @@ impl Cluster {
             self.rail_rate.clone().unwrap_or_default()
         );
         for h in &self.hosts {
-            s.push_str(&format!("holder.{}={}\nsshd.{}={}\n", h.name, h.holder, h.name, h.sshd));
+            s.push_str(&format!(
+                "holder.{}={}\nsshd.{}={}\n",
+                h.name, h.holder, h.name, h.sshd
+            ));
             for p in [h.holder, h.sshd] {
                 if let Some(st) = proc_starttime(p) {
                     s.push_str(&format!("pid.{p}={p}:{st}\n"));
@@ -1035,25 +1218,49 @@ impl Cluster {
     /// cluster whose directory is `dir`). The returned handle does NOT tear
     /// the cluster down on drop; call [`Cluster::down`] for that.
     pub fn attach(dir: &Path) -> Result<Cluster, String> {
-        let text = fs::read_to_string(dir.join("state"))
-            .map_err(|e| format!("{}: no cluster state here ({e})", dir.join("state").display()))?;
+        let text = fs::read_to_string(dir.join("state")).map_err(|e| {
+            format!(
+                "{}: no cluster state here ({e})",
+                dir.join("state").display()
+            )
+        })?;
         let kv = parse_kv(&text);
         let get = |k: &str| kv.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone());
         let tag = get("tag").ok_or("state file lacks tag")?;
-        let hosts_n: usize = get("hosts").and_then(|s| s.parse().ok()).ok_or("state file lacks hosts")?;
-        let rails: usize = get("rails").and_then(|s| s.parse().ok()).ok_or("state file lacks rails")?;
+        let hosts_n: usize = get("hosts")
+            .and_then(|s| s.parse().ok())
+            .ok_or("state file lacks hosts")?;
+        let rails: usize = get("rails")
+            .and_then(|s| s.parse().ok())
+            .ok_or("state file lacks rails")?;
         let rate = get("rate").filter(|s| !s.is_empty());
         let mut hosts = Vec::new();
         for k in 0..=hosts_n {
-            let name = if k == 0 { HEAD.to_string() } else { format!("n{k}") };
-            let pid = |what: &str| get(&format!("{what}.{name}")).and_then(|s| s.parse().ok()).unwrap_or(0u32);
-            hosts.push(Host { ns: format!("rr{tag}-{name}"), holder: pid("holder"), sshd: pid("sshd"), name, index: k });
+            let name = if k == 0 {
+                HEAD.to_string()
+            } else {
+                format!("n{k}")
+            };
+            let pid = |what: &str| {
+                get(&format!("{what}.{name}"))
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0u32)
+            };
+            hosts.push(Host {
+                ns: format!("rr{tag}-{name}"),
+                holder: pid("holder"),
+                sshd: pid("sshd"),
+                name,
+                index: k,
+            });
         }
         let tools = resolve_tools(false)?;
         let dir = if dir.is_absolute() {
             dir.to_path_buf()
         } else {
-            std::env::current_dir().map_err(|e| format!("cwd: {e}"))?.join(dir)
+            std::env::current_dir()
+                .map_err(|e| format!("cwd: {e}"))?
+                .join(dir)
         };
         Ok(Cluster {
             tag,
@@ -1078,7 +1285,10 @@ impl Cluster {
         write_registry(&self.tag, 0, &self.dir)?;
         self.teardown_on_drop = false;
         // Dropping `Child` handles neither kills nor waits.
-        self.children.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         Ok(self.dir.clone())
     }
 
@@ -1094,7 +1304,13 @@ impl Cluster {
         }
         let mut children = self.children.lock().unwrap_or_else(|e| e.into_inner());
         let extra = extra_pids_from_state(&self.dir);
-        let res = teardown_tag(&self.tag, Some(&self.tools.ip), Some(&self.dir), &extra, &mut children);
+        let res = teardown_tag(
+            &self.tag,
+            Some(&self.tools.ip),
+            Some(&self.dir),
+            &extra,
+            &mut children,
+        );
         *done = true;
         res
     }
@@ -1102,13 +1318,16 @@ impl Cluster {
     // ---------------------------------------------------------------- queries
 
     fn host(&self, name: &str) -> &Host {
-        self.hosts.iter().find(|h| h.name == name).unwrap_or_else(|| {
-            panic!(
-                "emulated cluster {}: unknown host {name:?} (have {:?})",
-                self.tag,
-                self.hosts.iter().map(|h| &h.name).collect::<Vec<_>>()
-            )
-        })
+        self.hosts
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap_or_else(|| {
+                panic!(
+                    "emulated cluster {}: unknown host {name:?} (have {:?})",
+                    self.tag,
+                    self.hosts.iter().map(|h| &h.name).collect::<Vec<_>>()
+                )
+            })
     }
 
     /// The cluster's unique tag (namespace names are `rr<tag>-<host>`).
@@ -1165,8 +1384,15 @@ impl Cluster {
     /// Panics for `head` (no rail addresses) or a rail out of range.
     pub fn rail_addr(&self, host: &str, rail: usize) -> Ipv4Addr {
         let h = self.host(host);
-        assert!(h.index > 0, "emulated cluster: {host} has no rail addresses");
-        assert!(rail < self.rails, "emulated cluster: rail {rail} out of range (rails = {})", self.rails);
+        assert!(
+            h.index > 0,
+            "emulated cluster: {host} has no rail addresses"
+        );
+        assert!(
+            rail < self.rails,
+            "emulated cluster: rail {rail} out of range (rails = {})",
+            self.rails
+        );
         rail_addr_of(h.index, rail)
     }
 
@@ -1182,7 +1408,9 @@ impl Cluster {
     pub fn exec_os<S: AsRef<OsStr>>(&self, host: &str, argv: &[S]) -> Command {
         let h = self.host(host);
         let mut c = Command::new(&self.tools.nsenter);
-        c.arg("-t").arg(h.holder.to_string()).args(["-n", "-u", "-m", "--wd=.", "--"]);
+        c.arg("-t")
+            .arg(h.holder.to_string())
+            .args(["-n", "-u", "-m", "--wd=.", "--"]);
         c.args(argv);
         c
     }
@@ -1190,7 +1418,11 @@ impl Cluster {
     /// Run `f` on a thread inside `host`'s network namespace (sockets made
     /// there stay there). Name resolution inside `f` still uses the root
     /// namespace's /etc/hosts: use addresses.
-    pub fn in_netns<R: Send, F: FnOnce() -> R + Send>(&self, host: &str, f: F) -> Result<R, String> {
+    pub fn in_netns<R: Send, F: FnOnce() -> R + Send>(
+        &self,
+        host: &str,
+        f: F,
+    ) -> Result<R, String> {
         in_netns_path(&netns_path(&self.host(host).ns), f)
     }
 
@@ -1199,7 +1431,9 @@ impl Cluster {
     /// ssh sessions are included. Zombies are not listed.
     pub fn pids_on(&self, host: &str) -> Vec<(u32, String)> {
         let h = self.host(host);
-        let Some(id) = ns_id(&netns_path(&h.ns)) else { return Vec::new() };
+        let Some(id) = ns_id(&netns_path(&h.ns)) else {
+            return Vec::new();
+        };
         let ids: HashSet<(u64, u64)> = [id].into_iter().collect();
         let mut v: Vec<(u32, String)> = pids_in_netns(&ids)
             .into_iter()
@@ -1213,7 +1447,11 @@ impl Cluster {
 
     /// Poll [`Cluster::pids_on`] until it is empty; Err(survivors) after
     /// `timeout`.
-    pub fn wait_no_survivors(&self, host: &str, timeout: Duration) -> Result<(), Vec<(u32, String)>> {
+    pub fn wait_no_survivors(
+        &self,
+        host: &str,
+        timeout: Duration,
+    ) -> Result<(), Vec<(u32, String)>> {
         let deadline = Instant::now() + timeout;
         loop {
             let v = self.pids_on(host);
@@ -1243,7 +1481,10 @@ impl Cluster {
     /// `/sys/class/net/rail<rail>/statistics` as seen inside the host.
     pub fn rail_bytes(&self, host: &str, rail: usize) -> Result<(u64, u64), String> {
         let h = self.host(host);
-        let base = PathBuf::from(format!("/proc/{}/root/sys/class/net/rail{rail}/statistics", h.holder));
+        let base = PathBuf::from(format!(
+            "/proc/{}/root/sys/class/net/rail{rail}/statistics",
+            h.holder
+        ));
         let read = |f: &str| -> Result<u64, String> {
             let p = base.join(f);
             fs::read_to_string(&p)
@@ -1262,7 +1503,10 @@ impl Cluster {
             self.tag,
             self.hosts_n,
             self.rails,
-            self.rail_rate.as_deref().map(|r| format!(", rails shaped to {r}")).unwrap_or_default(),
+            self.rail_rate
+                .as_deref()
+                .map(|r| format!(", rails shaped to {r}"))
+                .unwrap_or_default(),
             self.dir.display()
         );
         for h in &self.hosts {
@@ -1275,8 +1519,9 @@ impl Cluster {
                 h.sshd
             ));
             if h.index > 0 {
-                let rails: Vec<String> =
-                    (0..self.rails).map(|r| format!("rail{r} {}", rail_addr_of(h.index, r))).collect();
+                let rails: Vec<String> = (0..self.rails)
+                    .map(|r| format!("rail{r} {}", rail_addr_of(h.index, r)))
+                    .collect();
                 s.push_str(&format!("  {}", rails.join("  ")));
             }
             s.push('\n');
@@ -1296,7 +1541,9 @@ impl Drop for Cluster {
 }
 
 fn ssh_banner_ok(addr: SocketAddr) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else { return false };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let mut buf = [0u8; 8];
     let mut got = 0;

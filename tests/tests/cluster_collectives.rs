@@ -8,13 +8,30 @@ use std::process::Stdio;
 const COLLCHECK: &str = env!("CARGO_BIN_EXE_rr-collcheck");
 
 fn railrun_on_head(c: &Cluster, hostfile: &str, np: &str, extra: &[&str]) -> std::process::Output {
-    let bin = railring_tests::bins::railrun().to_str().unwrap().to_string();
+    let bin = railring_tests::bins::railrun()
+        .to_str()
+        .unwrap()
+        .to_string();
     let ssh = c.ssh_command();
-    let mut argv: Vec<&str> = vec![&bin, "--ssh", &ssh, "--connect-timeout", "15", "--timeout", "120", "-np", np, "--hostfile", hostfile];
+    let mut argv: Vec<&str> = vec![
+        &bin,
+        "--ssh",
+        &ssh,
+        "--connect-timeout",
+        "15",
+        "--timeout",
+        "120",
+        "-np",
+        np,
+        "--hostfile",
+        hostfile,
+    ];
     argv.extend_from_slice(&["-x", "RAILRING_SOCKET_IFNAME=rail"]);
     argv.extend_from_slice(extra);
     let mut cmd = c.exec("head", &argv);
-    cmd.env_remove("SLURM_JOB_NODELIST").env_remove("RAILRUN_SSH").stdin(Stdio::null());
+    cmd.env_remove("SLURM_JOB_NODELIST")
+        .env_remove("RAILRUN_SSH")
+        .stdin(Stdio::null());
     cmd.output().expect("run railrun on head")
 }
 
@@ -24,26 +41,48 @@ fn two_level_allreduce_uses_both_rails_on_two_hosts() {
         return;
     }
     railring_tests::bins::railrun();
-    let c = Cluster::up(ClusterSpec { hosts: 2, rails: 2, rail_rate: None }).expect("cluster up");
+    let c = Cluster::up(ClusterSpec {
+        hosts: 2,
+        rails: 2,
+        rail_rate: None,
+    })
+    .expect("cluster up");
     let hf = c.hostfile(2).expect("hostfile");
     let hf = hf.to_str().unwrap();
-    let before: Vec<(u64, u64)> = ["n1", "n2"].iter().flat_map(|h| (0..2).map(move |r| (h, r))).map(|(h, r)| c.rail_bytes(h, r).unwrap()).collect();
+    let before: Vec<(u64, u64)> = ["n1", "n2"]
+        .iter()
+        .flat_map(|h| (0..2).map(move |r| (h, r)))
+        .map(|(h, r)| c.rail_bytes(h, r).unwrap())
+        .collect();
     // 4 Mi f32 = 16 MiB per rank: each local rank's ring moves its half over its own rail
     let out = railrun_on_head(&c, hf, "4", &[COLLCHECK, "allreduce", "4194304"]);
     let so = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{so}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for r in 0..4 {
         let node = r / 2;
         let local = r % 2;
         let want = format!("OK rank {r} of 4 node {node} local {local} rail {local} rail{local} ");
         assert!(so.contains(&want), "missing '{want}' in:\n{so}");
     }
-    let after: Vec<(u64, u64)> = ["n1", "n2"].iter().flat_map(|h| (0..2).map(move |r| (h, r))).map(|(h, r)| c.rail_bytes(h, r).unwrap()).collect();
+    let after: Vec<(u64, u64)> = ["n1", "n2"]
+        .iter()
+        .flat_map(|h| (0..2).map(move |r| (h, r)))
+        .map(|(h, r)| c.rail_bytes(h, r).unwrap())
+        .collect();
     for (i, (b, a)) in before.iter().zip(&after).enumerate() {
         let tx = a.0 - b.0;
         let rx = a.1 - b.1;
         // 3 all-reduces x 8 MiB per direction per rail (ring of 2 nodes over a 8 MiB slice)
-        assert!(tx > 16 << 20 && rx > 16 << 20, "host n{} rail{}: tx {tx} rx {rx} bytes", i / 2 + 1, i % 2);
+        assert!(
+            tx > 16 << 20 && rx > 16 << 20,
+            "host n{} rail{}: tx {tx} rx {rx} bytes",
+            i / 2 + 1,
+            i % 2
+        );
     }
 }
 
@@ -53,17 +92,37 @@ fn every_collective_across_two_hosts() {
         return;
     }
     railring_tests::bins::railrun();
-    let c = Cluster::up(ClusterSpec { hosts: 2, rails: 2, rail_rate: None }).expect("cluster up");
+    let c = Cluster::up(ClusterSpec {
+        hosts: 2,
+        rails: 2,
+        rail_rate: None,
+    })
+    .expect("cluster up");
     let hf = c.hostfile(2).expect("hostfile");
     let out = railrun_on_head(&c, hf.to_str().unwrap(), "4", &[COLLCHECK, "all"]);
     let so = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{so}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for r in 0..4 {
-        assert!(so.contains(&format!("OK rank {r} of 4 (node {}/2, local {}/2)", r / 2, r % 2)), "{so}");
+        assert!(
+            so.contains(&format!(
+                "OK rank {r} of 4 (node {}/2, local {}/2)",
+                r / 2,
+                r % 2
+            )),
+            "{so}"
+        );
     }
     // uneven: 3 ranks over 2 hosts (2 + 1)
     let out = railrun_on_head(&c, hf.to_str().unwrap(), "3", &[COLLCHECK, "all"]);
     let so = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{so}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(so.matches("OK rank").count(), 3, "{so}");
 }

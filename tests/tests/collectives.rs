@@ -15,7 +15,9 @@ fn bin(name: &str) -> String {
 }
 
 fn railrun() -> String {
-    railring_tests::bins::railrun().to_string_lossy().into_owned()
+    railring_tests::bins::railrun()
+        .to_string_lossy()
+        .into_owned()
 }
 
 struct Out {
@@ -26,11 +28,21 @@ struct Out {
 
 /// Start `n` ranks of rr-collcheck ourselves (no launcher): a store in this process, the
 /// `RAILRING_*` variables, and per-rank extra env. Waits (bounded) for all of them.
-fn direct(n: usize, args: &[&str], env: &[(&str, &str)], host_of: impl Fn(usize) -> String, limit: Duration) -> Vec<Out> {
+fn direct(
+    n: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+    host_of: impl Fn(usize) -> String,
+    limit: Duration,
+) -> Vec<Out> {
     let secret = auth::new_secret().unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let h = store::serve(l, &secret, Store::new()).unwrap();
-    let job = format!("t{}{}", std::process::id(), Instant::now().elapsed().subsec_nanos());
+    let job = format!(
+        "t{}{}",
+        std::process::id(),
+        Instant::now().elapsed().subsec_nanos()
+    );
     let mut kids: Vec<_> = (0..n)
         .map(|r| {
             let mut c = Command::new(bin("rr-collcheck"));
@@ -60,7 +72,11 @@ fn direct(n: usize, args: &[&str], env: &[(&str, &str)], host_of: impl Fn(usize)
                     use std::io::Read;
                     k.stdout.take().unwrap().read_to_string(&mut so).unwrap();
                     k.stderr.take().unwrap().read_to_string(&mut se).unwrap();
-                    outs[i] = Some(Out { code: st.code(), stdout: so, stderr: se });
+                    outs[i] = Some(Out {
+                        code: st.code(),
+                        stdout: so,
+                        stderr: se,
+                    });
                 }
             }
         }
@@ -77,53 +93,124 @@ fn direct(n: usize, args: &[&str], env: &[(&str, &str)], host_of: impl Fn(usize)
 
 fn all_ok(outs: &[Out]) {
     for (r, o) in outs.iter().enumerate() {
-        assert_eq!(o.code, Some(0), "rank {r} failed:\n{}\n{}", o.stdout, o.stderr);
-        assert!(o.stdout.contains(&format!("OK rank {r} ")), "rank {r}: {}", o.stdout);
+        assert_eq!(
+            o.code,
+            Some(0),
+            "rank {r} failed:\n{}\n{}",
+            o.stdout,
+            o.stderr
+        );
+        assert!(
+            o.stdout.contains(&format!("OK rank {r} ")),
+            "rank {r}: {}",
+            o.stdout
+        );
     }
 }
 
 #[test]
 fn every_collective_four_ranks_through_railrun() {
-    let out = Command::new(railrun()).args(["-np", "4", &bin("rr-collcheck"), "all"]).output().unwrap();
+    let out = Command::new(railrun())
+        .args(["-np", "4", &bin("rr-collcheck"), "all"])
+        .output()
+        .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{so}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for r in 0..4 {
-        assert!(so.contains(&format!("OK rank {r} of 4 (node 0/1, local {r}/4)")), "{so}");
+        assert!(
+            so.contains(&format!("OK rank {r} of 4 (node 0/1, local {r}/4)")),
+            "{so}"
+        );
     }
 }
 
 #[test]
 fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
     // 2 + 2: the two-level algorithm with a TCP ring per local rank
-    all_ok(&direct(4, &["all"], &[], |r| format!("h{}", r / 2), Duration::from_secs(120)));
+    all_ok(&direct(
+        4,
+        &["all"],
+        &[],
+        |r| format!("h{}", r / 2),
+        Duration::from_secs(120),
+    ));
     // the same with tiny pipeline segments: every all-reduce above 8 KiB runs pipelined
-    all_ok(&direct(4, &["all"], &[("RAILRING_PIPELINE_SEG", "4096")], |r| format!("h{}", r / 2), Duration::from_secs(120)));
+    all_ok(&direct(
+        4,
+        &["all"],
+        &[("RAILRING_PIPELINE_SEG", "4096")],
+        |r| format!("h{}", r / 2),
+        Duration::from_secs(120),
+    ));
     // 3 + 2 + 1 ranks on three "nodes": non-uniform, the flat ring and trees over shm + TCP
-    all_ok(&direct(6, &["all"], &[], |r| format!("h{}", [0, 0, 0, 1, 1, 2][r]), Duration::from_secs(180)));
+    all_ok(&direct(
+        6,
+        &["all"],
+        &[],
+        |r| format!("h{}", [0, 0, 0, 1, 1, 2][r]),
+        Duration::from_secs(180),
+    ));
 }
 
 #[test]
 fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
-    all_ok(&direct(3, &["all"], &[], |_| "same".into(), Duration::from_secs(120)));
+    all_ok(&direct(
+        3,
+        &["all"],
+        &[],
+        |_| "same".into(),
+        Duration::from_secs(120),
+    ));
     for algo in ["ring", "recursive_doubling", "tree"] {
-        all_ok(&direct(4, &["all"], &[("RAILRING_ALGO", algo)], |r| format!("h{}", r % 2), Duration::from_secs(120)));
+        all_ok(&direct(
+            4,
+            &["all"],
+            &[("RAILRING_ALGO", algo)],
+            |r| format!("h{}", r % 2),
+            Duration::from_secs(120),
+        ));
     }
 }
 
 #[test]
 fn mismatched_calls_name_both_calls_and_ranks() {
     for (label, host) in [("shm", "same"), ("tcp", "")] {
-        let outs = direct(2, &["mismatch"], &[], |r| if host.is_empty() { format!("h{r}") } else { host.into() }, Duration::from_secs(60));
+        let outs = direct(
+            2,
+            &["mismatch"],
+            &[],
+            |r| {
+                if host.is_empty() {
+                    format!("h{r}")
+                } else {
+                    host.into()
+                }
+            },
+            Duration::from_secs(60),
+        );
         let mut seen = 0;
         for (r, o) in outs.iter().enumerate() {
-            assert_eq!(o.code, Some(3), "{label} rank {r}: {}{}", o.stdout, o.stderr);
+            assert_eq!(
+                o.code,
+                Some(3),
+                "{label} rank {r}: {}{}",
+                o.stdout,
+                o.stderr
+            );
             let line = &o.stdout;
             assert!(line.contains("collective mismatch"), "{label}: {line}");
             if line.contains("10 x float") && line.contains("20 x float") {
                 seen += 1;
             }
             let other = 1 - r;
-            assert!(line.contains(&format!("rank {other} called")), "{label}: {line}");
+            assert!(
+                line.contains(&format!("rank {other} called")),
+                "{label}: {line}"
+            );
         }
         assert_eq!(seen, 2, "{label}: both ranks name both calls");
     }
@@ -131,26 +218,60 @@ fn mismatched_calls_name_both_calls_and_ranks() {
 
 #[test]
 fn a_dead_peer_is_named_on_every_rank_within_seconds() {
-    for (label, hosts) in [("shm", ["a", "a", "a"]), ("tcp", ["a", "b", "c"]), ("mixed", ["a", "a", "b"])] {
+    for (label, hosts) in [
+        ("shm", ["a", "a", "a"]),
+        ("tcp", ["a", "b", "c"]),
+        ("mixed", ["a", "a", "b"]),
+    ] {
         let t = Instant::now();
-        let outs = direct(3, &["die-before"], &[], |r| hosts[r].to_string(), Duration::from_secs(60));
+        let outs = direct(
+            3,
+            &["die-before"],
+            &[],
+            |r| hosts[r].to_string(),
+            Duration::from_secs(60),
+        );
         assert_eq!(outs[1].code, Some(7));
         for r in [0, 2] {
             let o = &outs[r];
-            assert_eq!(o.code, Some(3), "{label} rank {r}: {}{}", o.stdout, o.stderr);
-            assert!(o.stdout.contains("rank 1"), "{label} rank {r} does not name rank 1: {}", o.stdout);
+            assert_eq!(
+                o.code,
+                Some(3),
+                "{label} rank {r}: {}{}",
+                o.stdout,
+                o.stderr
+            );
+            assert!(
+                o.stdout.contains("rank 1"),
+                "{label} rank {r} does not name rank 1: {}",
+                o.stdout
+            );
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "{label}: took {:?}", t.elapsed());
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{label}: took {:?}",
+            t.elapsed()
+        );
     }
 }
 
 #[test]
 fn a_stalled_peer_becomes_a_timeout_naming_it() {
     for (label, hosts) in [("shm", ["a", "a"]), ("tcp", ["a", "b"])] {
-        let outs = direct(2, &["stall"], &[("RAILRING_TIMEOUT", "2")], |r| hosts[r].to_string(), Duration::from_secs(60));
+        let outs = direct(
+            2,
+            &["stall"],
+            &[("RAILRING_TIMEOUT", "2")],
+            |r| hosts[r].to_string(),
+            Duration::from_secs(60),
+        );
         let o = &outs[0];
         assert_eq!(o.code, Some(3), "{label}: {}{}", o.stdout, o.stderr);
-        assert!(o.stdout.contains("no progress for 2 s"), "{label}: {}", o.stdout);
+        assert!(
+            o.stdout.contains("no progress for 2 s"),
+            "{label}: {}",
+            o.stdout
+        );
         assert!(o.stdout.contains("[1]"), "{label}: {}", o.stdout);
     }
 }

@@ -4,9 +4,8 @@
 //! Needs root (namespaces); without it every test prints `SKIPPED: ...` (and fails under `CI`).
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
@@ -23,7 +22,14 @@ fn up(test: &str, hosts: usize) -> Option<Cluster> {
         return None;
     }
     railrun_bin();
-    Some(Cluster::up(ClusterSpec { hosts, rails: 1, rail_rate: None }).unwrap_or_else(|e| panic!("{test}: cluster up: {e}")))
+    Some(
+        Cluster::up(ClusterSpec {
+            hosts,
+            rails: 1,
+            rail_rate: None,
+        })
+        .unwrap_or_else(|e| panic!("{test}: cluster up: {e}")),
+    )
 }
 
 /// `railrun --ssh <cluster ssh> ARGS...` on head.
@@ -33,7 +39,9 @@ fn railrun_on_head(c: &Cluster, args: &[&str]) -> Command {
     let mut argv: Vec<&str> = vec![&bin, "--ssh", &ssh, "--connect-timeout", "15"];
     argv.extend_from_slice(args);
     let mut cmd = c.exec("head", &argv);
-    cmd.env_remove("SLURM_JOB_NODELIST").env_remove("SLURM_NODELIST").env_remove("RAILRUN_SSH");
+    cmd.env_remove("SLURM_JOB_NODELIST")
+        .env_remove("SLURM_NODELIST")
+        .env_remove("RAILRUN_SSH");
     cmd.stdin(Stdio::null());
     cmd
 }
@@ -51,7 +59,12 @@ fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::Exit
     }
 }
 
-fn collect(child: &mut Child) -> (std::thread::JoinHandle<String>, std::thread::JoinHandle<String>) {
+fn collect(
+    child: &mut Child,
+) -> (
+    std::thread::JoinHandle<String>,
+    std::thread::JoinHandle<String>,
+) {
     let mut o = child.stdout.take().expect("piped stdout");
     let mut e = child.stderr.take().expect("piped stderr");
     let to = std::thread::spawn(move || {
@@ -77,11 +90,21 @@ fn run_limited(mut cmd: Command, limit: Duration) -> (Output, Duration) {
         None => {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("railrun did not finish within {limit:?}; stderr so far: {}", te.join().unwrap());
+            panic!(
+                "railrun did not finish within {limit:?}; stderr so far: {}",
+                te.join().unwrap()
+            );
         }
     };
     let wall = t0.elapsed();
-    (Output { status: st, stdout: to.join().unwrap().into_bytes(), stderr: te.join().unwrap().into_bytes() }, wall)
+    (
+        Output {
+            status: st,
+            stdout: to.join().unwrap().into_bytes(),
+            stderr: te.join().unwrap().into_bytes(),
+        },
+        wall,
+    )
 }
 
 fn text(b: &[u8]) -> String {
@@ -121,29 +144,52 @@ fn wait_ranks(c: &Cluster, host: &str, marker: &str, n: usize) -> Vec<(u32, usiz
         if v.len() >= n {
             return v;
         }
-        assert!(Instant::now() < deadline, "ranks did not start on {host}: {:?}", c.pids_on(host));
+        assert!(
+            Instant::now() < deadline,
+            "ranks did not start on {host}: {:?}",
+            c.pids_on(host)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 #[test]
 fn ranks_spread_over_two_hosts() {
-    let Some(c) = up("ranks_spread_over_two_hosts", 2) else { return };
+    let Some(c) = up("ranks_spread_over_two_hosts", 2) else {
+        return;
+    };
     let hf = c.hostfile(2).unwrap();
     let cmd = railrun_on_head(
         &c,
-        &["--hostfile", hf.to_str().unwrap(), "-np", "4", "-x", "RRTEST_X=from-head", "--tag-output", TESTPROG, "env"],
+        &[
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "4",
+            "-x",
+            "RRTEST_X=from-head",
+            "--tag-output",
+            TESTPROG,
+            "env",
+        ],
     );
     let (o, _) = run_limited(cmd, Duration::from_secs(90));
     let out = text(&o.stdout);
     assert!(o.status.success(), "{}\n{out}", text(&o.stderr));
     let get = |r: usize, k: &str| -> String {
         let p = format!("[{r}] {k}=");
-        out.lines().find_map(|l| l.strip_prefix(&p)).unwrap_or_else(|| panic!("rank {r}: no {k} in\n{out}")).to_string()
+        out.lines()
+            .find_map(|l| l.strip_prefix(&p))
+            .unwrap_or_else(|| panic!("rank {r}: no {k} in\n{out}"))
+            .to_string()
     };
     let port = get(0, "MASTER_PORT");
     for r in 0..4 {
-        let (host, node, local) = if r < 2 { ("n1", 0, r) } else { ("n2", 1, r - 2) };
+        let (host, node, local) = if r < 2 {
+            ("n1", 0, r)
+        } else {
+            ("n2", 1, r - 2)
+        };
         assert_eq!(get(r, "HOST"), host);
         assert_eq!(get(r, "RAILRING_RANK"), r.to_string());
         assert_eq!(get(r, "RANK"), r.to_string());
@@ -167,15 +213,32 @@ fn ranks_spread_over_two_hosts() {
 
 #[test]
 fn store_works_across_hosts_through_the_relay() {
-    let Some(c) = up("store_works_across_hosts_through_the_relay", 2) else { return };
+    let Some(c) = up("store_works_across_hosts_through_the_relay", 2) else {
+        return;
+    };
     let hf = c.hostfile(2).unwrap();
-    let cmd = railrun_on_head(&c, &["--hostfile", hf.to_str().unwrap(), "-np", "4", TESTPROG, "store"]);
+    let cmd = railrun_on_head(
+        &c,
+        &[
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "4",
+            TESTPROG,
+            "store",
+        ],
+    );
     let (o, _) = run_limited(cmd, Duration::from_secs(90));
     let out = text(&o.stdout);
     assert!(o.status.success(), "{}\n{out}", text(&o.stderr));
     for r in 0..4 {
         for (k, h) in [(0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")] {
-            assert!(out.contains(&format!("STORE rank={r} rank/{k}=hello from rank {k} on {h}")), "{out}");
+            assert!(
+                out.contains(&format!(
+                    "STORE rank={r} rank/{k}=hello from rank {k} on {h}"
+                )),
+                "{out}"
+            );
         }
         assert!(out.contains(&format!("STORE rank={r} count=4")), "{out}");
     }
@@ -184,10 +247,25 @@ fn store_works_across_hosts_through_the_relay() {
 
 #[test]
 fn stdin_reaches_remote_rank_0() {
-    let Some(c) = up("stdin_reaches_remote_rank_0", 2) else { return };
+    let Some(c) = up("stdin_reaches_remote_rank_0", 2) else {
+        return;
+    };
     let hf = c.hostfile(1).unwrap();
-    let mut cmd = railrun_on_head(&c, &["--hostfile", hf.to_str().unwrap(), "-np", "2", "--tag-output", TESTPROG, "echo-stdin"]);
-    cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut cmd = railrun_on_head(
+        &c,
+        &[
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "2",
+            "--tag-output",
+            TESTPROG,
+            "echo-stdin",
+        ],
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let mut si = child.stdin.take().unwrap();
     std::thread::spawn(move || {
@@ -203,10 +281,24 @@ fn stdin_reaches_remote_rank_0() {
 
 #[test]
 fn kill_9_of_a_remote_rank_ends_the_job_everywhere() {
-    let Some(c) = up("kill_9_of_a_remote_rank_ends_the_job_everywhere", 2) else { return };
+    let Some(c) = up("kill_9_of_a_remote_rank_ends_the_job_everywhere", 2) else {
+        return;
+    };
     let hf = c.hostfile(2).unwrap();
     let mk = format!("rrmark-k9-{}", std::process::id());
-    let mut cmd = railrun_on_head(&c, &["--hostfile", hf.to_str().unwrap(), "-np", "4", TESTPROG, "sleep", "120", &mk]);
+    let mut cmd = railrun_on_head(
+        &c,
+        &[
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "4",
+            TESTPROG,
+            "sleep",
+            "120",
+            &mk,
+        ],
+    );
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let (_to, te) = collect(&mut child);
@@ -215,17 +307,29 @@ fn kill_9_of_a_remote_rank_ends_the_job_everywhere() {
     let (pid, rank) = on_n2[0];
     let t0 = Instant::now();
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    let st = wait_timeout(&mut child, Duration::from_secs(30)).expect("railrun did not end after a rank was killed");
+    let st = wait_timeout(&mut child, Duration::from_secs(30))
+        .expect("railrun did not end after a rank was killed");
     let err = te.join().unwrap();
     assert_eq!(st.code(), Some(137), "{err}");
-    assert!(err.contains(&format!("rank {rank} on host n2 killed by signal 9 (SIGKILL)")), "{err}");
-    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
+    assert!(
+        err.contains(&format!(
+            "rank {rank} on host n2 killed by signal 9 (SIGKILL)"
+        )),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        t0.elapsed()
+    );
     assert_clean(&c);
 }
 
 #[test]
 fn unreachable_host_fails_fast_naming_it() {
-    let Some(c) = up("unreachable_host_fails_fast_naming_it", 1) else { return };
+    let Some(c) = up("unreachable_host_fails_fast_naming_it", 1) else {
+        return;
+    };
     // n9 points at an address of the test range that nothing answers.
     let dir = c.dir().join("n9-test");
     std::fs::create_dir_all(&dir).unwrap();
@@ -246,7 +350,20 @@ fn unreachable_host_fails_fast_naming_it() {
     let ssh = format!("ssh -F {}", cfg.display());
     let mut cmd = c.exec(
         "head",
-        &[&bin, "--ssh", &ssh, "--connect-timeout", "4", "--hostfile", hf.to_str().unwrap(), "-np", "2", TESTPROG, "sleep", "60"],
+        &[
+            &bin,
+            "--ssh",
+            &ssh,
+            "--connect-timeout",
+            "4",
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "2",
+            TESTPROG,
+            "sleep",
+            "60",
+        ],
     );
     cmd.stdin(Stdio::null());
     let (o, wall) = run_limited(cmd, Duration::from_secs(60));
@@ -254,34 +371,68 @@ fn unreachable_host_fails_fast_naming_it() {
     assert_eq!(o.status.code(), Some(255), "{err}");
     assert!(err.contains("n9"), "{err}");
     assert!(!err.contains("host n1"), "blamed the wrong host: {err}");
-    assert!(wall < Duration::from_secs(10), "took {wall:?} with --connect-timeout 4: {err}");
+    assert!(
+        wall < Duration::from_secs(10),
+        "took {wall:?} with --connect-timeout 4: {err}"
+    );
     assert_clean(&c);
 }
 
 #[test]
 fn program_missing_on_one_node_fails_naming_the_host() {
-    let Some(c) = up("program_missing_on_one_node_fails_naming_the_host", 2) else { return };
+    let Some(c) = up("program_missing_on_one_node_fails_naming_the_host", 2) else {
+        return;
+    };
     // /dev/shm is private per host: the program exists on n1 only.
     let prog = format!("/dev/shm/rr-testprog-{}", std::process::id());
     let st = c.exec("n1", &["cp", TESTPROG, &prog]).status().unwrap();
     assert!(st.success());
     let hf = c.hostfile(1).unwrap();
     let mk = format!("rrmark-missing-{}", std::process::id());
-    let cmd = railrun_on_head(&c, &["--hostfile", hf.to_str().unwrap(), "-np", "2", &prog, "sleep", "60", &mk]);
+    let cmd = railrun_on_head(
+        &c,
+        &[
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "2",
+            &prog,
+            "sleep",
+            "60",
+            &mk,
+        ],
+    );
     let (o, wall) = run_limited(cmd, Duration::from_secs(60));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(127), "{err}");
-    assert!(err.contains(&format!("rank 1 on host n2: cannot start {prog}")), "{err}");
+    assert!(
+        err.contains(&format!("rank 1 on host n2: cannot start {prog}")),
+        "{err}"
+    );
     assert!(wall < Duration::from_secs(20), "took {wall:?}");
     assert_clean(&c);
 }
 
 #[test]
 fn ctrl_c_cleans_up_every_host() {
-    let Some(c) = up("ctrl_c_cleans_up_every_host", 2) else { return };
+    let Some(c) = up("ctrl_c_cleans_up_every_host", 2) else {
+        return;
+    };
     let hf = c.hostfile(2).unwrap();
     let mk = format!("rrmark-cc-{}", std::process::id());
-    let mut cmd = railrun_on_head(&c, &["--hostfile", hf.to_str().unwrap(), "-np", "4", TESTPROG, "sleep", "120", &mk]);
+    let mut cmd = railrun_on_head(
+        &c,
+        &[
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "4",
+            TESTPROG,
+            "sleep",
+            "120",
+            &mk,
+        ],
+    );
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let (_to, te) = collect(&mut child);
@@ -289,7 +440,8 @@ fn ctrl_c_cleans_up_every_host() {
     wait_ranks(&c, "n2", &mk, 2);
     // nsenter exec()s railrun: the child's pid is railrun's.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let st = wait_timeout(&mut child, Duration::from_secs(30)).expect("railrun did not stop after SIGINT");
+    let st = wait_timeout(&mut child, Duration::from_secs(30))
+        .expect("railrun did not stop after SIGINT");
     let err = te.join().unwrap();
     assert_eq!(st.code(), Some(130), "{err}");
     assert!(err.contains("SIGINT"), "{err}");
@@ -298,7 +450,9 @@ fn ctrl_c_cleans_up_every_host() {
 
 #[test]
 fn head_and_nodes_share_one_store() {
-    let Some(c) = up("head_and_nodes_share_one_store", 1) else { return };
+    let Some(c) = up("head_and_nodes_share_one_store", 1) else {
+        return;
+    };
     // head's ranks are railrun's children (local store), n1's go through n1's agent (relay).
     let cmd = railrun_on_head(&c, &["-H", "head:2,n1:2", "-np", "4", TESTPROG, "store"]);
     let (o, _) = run_limited(cmd, Duration::from_secs(90));
@@ -306,25 +460,50 @@ fn head_and_nodes_share_one_store() {
     assert!(o.status.success(), "{}\n{out}", text(&o.stderr));
     for r in 0..4 {
         for (k, h) in [(0, "head"), (1, "head"), (2, "n1"), (3, "n1")] {
-            assert!(out.contains(&format!("STORE rank={r} rank/{k}=hello from rank {k} on {h}")), "{out}");
+            assert!(
+                out.contains(&format!(
+                    "STORE rank={r} rank/{k}=hello from rank {k} on {h}"
+                )),
+                "{out}"
+            );
         }
     }
-    let cmd = railrun_on_head(&c, &["-H", "head,n1", "-np", "2", "--tag-output", TESTPROG, "env"]);
+    let cmd = railrun_on_head(
+        &c,
+        &["-H", "head,n1", "-np", "2", "--tag-output", TESTPROG, "env"],
+    );
     let (o, _) = run_limited(cmd, Duration::from_secs(90));
     let out = text(&o.stdout);
     assert!(o.status.success(), "{}\n{out}", text(&o.stderr));
     // node 0 is head, and other nodes must be able to reach it: its name, not 127.0.0.1.
-    assert!(out.contains("[0] MASTER_ADDR=head") && out.contains("[1] MASTER_ADDR=head"), "{out}");
+    assert!(
+        out.contains("[0] MASTER_ADDR=head") && out.contains("[1] MASTER_ADDR=head"),
+        "{out}"
+    );
     assert!(out.contains("[1] HOST=n1"), "{out}");
     assert_clean(&c);
 }
 
 #[test]
 fn railrun_killed_hard_leaves_nothing_on_the_nodes() {
-    let Some(c) = up("railrun_killed_hard_leaves_nothing_on_the_nodes", 2) else { return };
+    let Some(c) = up("railrun_killed_hard_leaves_nothing_on_the_nodes", 2) else {
+        return;
+    };
     let hf = c.hostfile(2).unwrap();
     let mk = format!("rrmark-hard-{}", std::process::id());
-    let mut cmd = railrun_on_head(&c, &["--hostfile", hf.to_str().unwrap(), "-np", "4", TESTPROG, "sleep", "120", &mk]);
+    let mut cmd = railrun_on_head(
+        &c,
+        &[
+            "--hostfile",
+            hf.to_str().unwrap(),
+            "-np",
+            "4",
+            TESTPROG,
+            "sleep",
+            "120",
+            &mk,
+        ],
+    );
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let mut child = cmd.spawn().unwrap();
     wait_ranks(&c, "n1", &mk, 2);

@@ -12,43 +12,17 @@ use std::time::{Duration, Instant};
 
 const TESTPROG: &str = env!("CARGO_BIN_EXE_rr-testprog");
 
-/// The railrun binary under test.
+/// The railrun binary under test (built once; `RAILRUN_BIN` overrides).
 fn railrun_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("RAILRUN_BIN") {
-            return PathBuf::from(p);
-        }
-        let dir = Path::new(TESTPROG).parent().expect("bin dir").to_path_buf();
-        let target = dir.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var("CARGO").ok().or(option_env!("CARGO").map(String::from)).unwrap_or_else(|| "cargo".into());
-        let mut c = Command::new(cargo);
-        c.arg("build")
-            .arg("--manifest-path")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
-            .args(["-p", "railrun", "--bin", "railrun", "--target-dir"])
-            .arg(&target);
-        match dir.file_name().and_then(|s| s.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                c.arg("--release");
-            }
-            Some(other) => {
-                c.args(["--profile", other]);
-            }
-        }
-        let st = c.status().expect("run cargo build -p railrun");
-        assert!(st.success(), "cargo build -p railrun failed");
-        let bin = dir.join("railrun");
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
-    })
+    railring_tests::bins::railrun()
 }
 
 fn railrun() -> Command {
     let mut c = Command::new(railrun_bin());
     // Keep host sources out of the test's way (a CI runner inside Slurm, say).
-    c.env_remove("SLURM_JOB_NODELIST").env_remove("SLURM_NODELIST").env_remove("RAILRUN_SSH");
+    c.env_remove("SLURM_JOB_NODELIST")
+        .env_remove("SLURM_NODELIST")
+        .env_remove("RAILRUN_SSH");
     c.stdin(Stdio::null());
     c
 }
@@ -61,16 +35,28 @@ fn marker(test: &str) -> String {
 /// Live processes (not zombies) whose command line contains `marker`.
 fn procs_with(marker: &str) -> Vec<(u32, String)> {
     let mut v = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return v };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return v;
+    };
     for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
-        let argv: Vec<String> = cmd.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let argv: Vec<String> = cmd
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
         let is_testprog = argv.first().is_some_and(|a| a.ends_with("rr-testprog"));
         let cmd = argv.join(" ");
         if is_testprog && argv.iter().any(|a| a == marker) {
             let state = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-            let zombie = state.rsplit_once(')').map(|x| x.1.trim_start().starts_with('Z')).unwrap_or(false);
+            let zombie = state
+                .rsplit_once(')')
+                .map(|x| x.1.trim_start().starts_with('Z'))
+                .unwrap_or(false);
             if !zombie {
                 v.push((pid, cmd));
             }
@@ -138,7 +124,14 @@ fn run_limited(mut c: Command, limit: Duration) -> (Output, Duration) {
     let wall = t0.elapsed();
     let stdout = to.join().unwrap();
     let stderr = te.join().unwrap();
-    (Output { status: st, stdout, stderr }, wall)
+    (
+        Output {
+            status: st,
+            stdout,
+            stderr,
+        },
+        wall,
+    )
 }
 
 fn text(b: &[u8]) -> String {
@@ -149,10 +142,14 @@ fn text(b: &[u8]) -> String {
 fn tagged_env(out: &str) -> BTreeMap<usize, HashMap<String, String>> {
     let mut m: BTreeMap<usize, HashMap<String, String>> = BTreeMap::new();
     for line in out.lines() {
-        let Some(rest) = line.strip_prefix('[') else { panic!("untagged line {line:?}") };
+        let Some(rest) = line.strip_prefix('[') else {
+            panic!("untagged line {line:?}")
+        };
         let (r, kv) = rest.split_once("] ").expect("tag");
         let (k, v) = kv.split_once('=').expect("KEY=VALUE");
-        m.entry(r.parse().unwrap()).or_default().insert(k.to_string(), v.to_string());
+        m.entry(r.parse().unwrap())
+            .or_default()
+            .insert(k.to_string(), v.to_string());
     }
     m
 }
@@ -160,14 +157,28 @@ fn tagged_env(out: &str) -> BTreeMap<usize, HashMap<String, String>> {
 #[test]
 fn env_per_rank() {
     let mut c = railrun();
-    c.args(["-np", "4", "--tag-output", "--bind-to", "core", "-x", "RRTEST_FWD", "-x", "RRTEST_SET=new=1"])
-        .arg("-x")
-        .arg("RRTEST_OVR=over")
-        .env("RRTEST_FWD", "forwarded")
-        .env("RRTEST_OVR", "original")
-        // Found next to railrun (not on $PATH): both live in target/<profile>.
-        .arg(if railrun_bin().parent() == Path::new(TESTPROG).parent() { "rr-testprog" } else { TESTPROG })
-        .arg("env");
+    c.args([
+        "-np",
+        "4",
+        "--tag-output",
+        "--bind-to",
+        "core",
+        "-x",
+        "RRTEST_FWD",
+        "-x",
+        "RRTEST_SET=new=1",
+    ])
+    .arg("-x")
+    .arg("RRTEST_OVR=over")
+    .env("RRTEST_FWD", "forwarded")
+    .env("RRTEST_OVR", "original")
+    // Found next to railrun (not on $PATH): both live in target/<profile>.
+    .arg(if railrun_bin().parent() == Path::new(TESTPROG).parent() {
+        "rr-testprog"
+    } else {
+        TESTPROG
+    })
+    .arg("env");
     let (o, _) = run_limited(c, Duration::from_secs(60));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let m = tagged_env(&text(&o.stdout));
@@ -175,9 +186,20 @@ fn env_per_rank() {
     let mut ports = Vec::new();
     let mut ids = Vec::new();
     for (r, e) in &m {
-        let g = |k: &str| e.get(k).cloned().unwrap_or_else(|| panic!("rank {r}: {k} missing: {e:?}"));
+        let g = |k: &str| {
+            e.get(k)
+                .cloned()
+                .unwrap_or_else(|| panic!("rank {r}: {k} missing: {e:?}"))
+        };
         let rs = r.to_string();
-        for k in ["RAILRING_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "RAILRING_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"] {
+        for k in [
+            "RAILRING_RANK",
+            "RANK",
+            "OMPI_COMM_WORLD_RANK",
+            "RAILRING_LOCAL_RANK",
+            "LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ] {
             assert_eq!(g(k), rs, "rank {r}: {k}");
         }
         for k in [
@@ -194,10 +216,21 @@ fn env_per_rank() {
         assert_eq!(g("RAILRING_NNODES"), "1");
         assert_eq!(g("MASTER_ADDR"), "127.0.0.1");
         assert_eq!(g("RAILRING_BIND_TO"), "core");
-        assert!(g("RAILRING_STORE_ADDR").starts_with("127.0.0.1:"), "{}", g("RAILRING_STORE_ADDR"));
+        assert!(
+            g("RAILRING_STORE_ADDR").starts_with("127.0.0.1:"),
+            "{}",
+            g("RAILRING_STORE_ADDR")
+        );
         assert_eq!(g("RAILRING_JOB_SECRET").len(), 64);
         let id = g("RAILRING_JOB_ID");
-        assert!(!id.is_empty() && id.len() <= 16 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()), "{id}");
+        assert!(
+            !id.is_empty()
+                && id.len() <= 16
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+            "{id}"
+        );
         assert_eq!(g("RRTEST_FWD"), "forwarded");
         assert_eq!(g("RRTEST_SET"), "new=1");
         assert_eq!(g("RRTEST_OVR"), "over");
@@ -230,7 +263,10 @@ fn exit_code_and_first_failure_kills_the_rest() {
     let (o, wall) = run_limited(c, Duration::from_secs(60));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(3), "{err}");
-    assert!(err.contains("railrun: rank 2 on host localhost exited with code 3"), "{err}");
+    assert!(
+        err.contains("railrun: rank 2 on host localhost exited with code 3"),
+        "{err}"
+    );
     // The other ranks sleep 60 s: they must have been killed promptly.
     assert!(wall < Duration::from_secs(20), "took {wall:?}");
     assert_no_survivors(&mk);
@@ -243,7 +279,10 @@ fn rank_killed_by_signal() {
     let (o, _) = run_limited(c, Duration::from_secs(60));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(137), "{err}");
-    assert!(err.contains("on host localhost killed by signal 9 (SIGKILL)"), "{err}");
+    assert!(
+        err.contains("on host localhost killed by signal 9 (SIGKILL)"),
+        "{err}"
+    );
 
     let mut c = railrun();
     c.args(["-np", "1", TESTPROG, "kill-self", "11"]);
@@ -265,7 +304,16 @@ fn all_ranks_ok_is_exit_0() {
 fn sigterm_ignored_gets_sigkill_after_grace() {
     let mk = marker("ignoreterm");
     let mut c = railrun();
-    c.env("RAILRUN_KILL_GRACE", "0.5").args(["-np", "2", "--timeout", "1", TESTPROG, "ignore-term", "60", &mk]);
+    c.env("RAILRUN_KILL_GRACE", "0.5").args([
+        "-np",
+        "2",
+        "--timeout",
+        "1",
+        TESTPROG,
+        "ignore-term",
+        "60",
+        &mk,
+    ]);
     let (o, wall) = run_limited(c, Duration::from_secs(60));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(124), "{err}");
@@ -283,7 +331,10 @@ fn timeout_kills_the_job() {
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(124), "{err}");
     assert!(err.contains("--timeout"), "{err}");
-    assert!(wall >= Duration::from_millis(1400) && wall < Duration::from_secs(15), "took {wall:?}");
+    assert!(
+        wall >= Duration::from_millis(1400) && wall < Duration::from_secs(15),
+        "took {wall:?}"
+    );
     assert_no_survivors(&mk);
 }
 
@@ -291,7 +342,9 @@ fn timeout_kills_the_job() {
 fn stdin_goes_to_rank_0_only() {
     let mut c = railrun();
     c.args(["-np", "3", "--tag-output", TESTPROG, "echo-stdin"]);
-    c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let mut si = child.stdin.take().unwrap();
     let w = std::thread::spawn(move || {
@@ -316,7 +369,14 @@ fn stdin_goes_to_rank_0_only() {
 fn tagged_lines_stay_whole_under_concurrency() {
     let n = 2000;
     let mut c = railrun();
-    c.args(["-np", "4", "--tag-output", TESTPROG, "lines", &n.to_string()]);
+    c.args([
+        "-np",
+        "4",
+        "--tag-output",
+        TESTPROG,
+        "lines",
+        &n.to_string(),
+    ]);
     let (o, _) = run_limited(c, Duration::from_secs(120));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let mut counts: HashMap<(usize, &str), usize> = HashMap::new();
@@ -325,22 +385,34 @@ fn tagged_lines_stay_whole_under_concurrency() {
     for (stream, body) in [("out", &out), ("err", &err)] {
         for line in body.lines() {
             // [r] BEGIN rank=r i=I stream=S <300 letters> END
-            let (tag, rest) = line.split_once("] ").unwrap_or_else(|| panic!("bad line {line:?}"));
+            let (tag, rest) = line
+                .split_once("] ")
+                .unwrap_or_else(|| panic!("bad line {line:?}"));
             let r: usize = tag.strip_prefix('[').unwrap().parse().unwrap();
             let f: Vec<&str> = rest.split(' ').collect();
             assert_eq!(f.len(), 6, "split or merged line: {line:?}");
             assert_eq!(f[0], "BEGIN", "{line:?}");
             assert_eq!(f[1], format!("rank={r}"), "{line:?}");
             assert_eq!(f[3], format!("stream={stream}"), "{line:?}");
-            let payload: String = (0..300).map(|i| (b'a' + ((i + r) % 26) as u8) as char).collect();
+            let payload: String = (0..300)
+                .map(|i| (b'a' + ((i + r) % 26) as u8) as char)
+                .collect();
             assert_eq!(f[4], payload, "{line:?}");
             assert_eq!(f[5], "END", "{line:?}");
             *counts.entry((r, stream)).or_default() += 1;
         }
     }
     for r in 0..4 {
-        assert_eq!(counts.get(&(r, "out")), Some(&(n / 2)), "rank {r} stdout lines");
-        assert_eq!(counts.get(&(r, "err")), Some(&(n / 2)), "rank {r} stderr lines");
+        assert_eq!(
+            counts.get(&(r, "out")),
+            Some(&(n / 2)),
+            "rank {r} stdout lines"
+        );
+        assert_eq!(
+            counts.get(&(r, "err")),
+            Some(&(n / 2)),
+            "rank {r} stderr lines"
+        );
     }
 }
 
@@ -349,15 +421,28 @@ fn output_dir_gets_one_file_per_rank() {
     let dir = std::env::temp_dir().join(format!("railrun-outdir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut c = railrun();
-    c.arg("-np").arg("2").arg("--output-dir").arg(&dir).args([TESTPROG, "lines", "10"]);
+    c.arg("-np")
+        .arg("2")
+        .arg("--output-dir")
+        .arg(&dir)
+        .args([TESTPROG, "lines", "10"]);
     let (o, _) = run_limited(c, Duration::from_secs(60));
     assert!(o.status.success(), "{}", text(&o.stderr));
-    assert!(o.stdout.is_empty(), "output went to the terminal: {}", text(&o.stdout));
+    assert!(
+        o.stdout.is_empty(),
+        "output went to the terminal: {}",
+        text(&o.stdout)
+    );
     for r in 0..2 {
         let f = std::fs::read_to_string(dir.join(format!("rank.{r}.out"))).unwrap();
         let lines: Vec<&str> = f.lines().collect();
         assert_eq!(lines.len(), 10, "{f}");
-        assert!(lines.iter().all(|l| l.starts_with(&format!("BEGIN rank={r} ")) && l.ends_with(" END")), "{f}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.starts_with(&format!("BEGIN rank={r} ")) && l.ends_with(" END")),
+            "{f}"
+        );
         assert_eq!(lines.iter().filter(|l| l.contains("stream=err")).count(), 5);
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -370,25 +455,43 @@ fn missing_program_is_a_clear_error() {
     let (o, _) = run_limited(c, Duration::from_secs(30));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(127), "{err}");
-    assert!(err.contains("rr-no-such-program-xyz") && err.contains("not found"), "{err}");
+    assert!(
+        err.contains("rr-no-such-program-xyz") && err.contains("not found"),
+        "{err}"
+    );
 
     let mut c = railrun();
     c.args(["-np", "2", "/nonexistent/dir/prog"]);
     let (o, _) = run_limited(c, Duration::from_secs(30));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(127), "{err}");
-    assert!(err.contains("rank 0 on host localhost: cannot start /nonexistent/dir/prog"), "{err}");
+    assert!(
+        err.contains("rank 0 on host localhost: cannot start /nonexistent/dir/prog"),
+        "{err}"
+    );
     assert!(err.contains("No such file or directory"), "{err}");
 }
 
 #[test]
 fn dry_run_table_and_json() {
     let mut c = railrun();
-    c.args(["-np", "4", "-H", "nodea:2,nodeb:2", "--dry-run", "./not-started"]);
+    c.args([
+        "-np",
+        "4",
+        "-H",
+        "nodea:2,nodeb:2",
+        "--dry-run",
+        "./not-started",
+    ]);
     let (o, _) = run_limited(c, Duration::from_secs(30));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let out = text(&o.stdout);
-    let rows: Vec<Vec<&str>> = out.lines().skip(1).take(4).map(|l| l.split_whitespace().collect()).collect();
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .skip(1)
+        .take(4)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     assert!(out.lines().next().unwrap().starts_with("rank"), "{out}");
     assert_eq!(rows[0][..2], ["0", "nodea"], "{out}");
     assert_eq!(rows[1][..2], ["1", "nodea"], "{out}");
@@ -396,7 +499,16 @@ fn dry_run_table_and_json() {
     assert_eq!(rows[3][..2], ["3", "nodeb"], "{out}");
 
     let mut c = railrun();
-    c.args(["-np", "4", "-H", "nodea:2,nodeb:2", "--map-by", "node", "--dry-run=json", "./not-started"]);
+    c.args([
+        "-np",
+        "4",
+        "-H",
+        "nodea:2,nodeb:2",
+        "--map-by",
+        "node",
+        "--dry-run=json",
+        "./not-started",
+    ]);
     let (o, _) = run_limited(c, Duration::from_secs(30));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
@@ -413,7 +525,9 @@ fn bad_hostfile_names_file_and_line() {
     let hf = std::env::temp_dir().join(format!("railrun-badhf-{}", std::process::id()));
     std::fs::write(&hf, "nodea slots=2\nnodeb slots=two\n").unwrap();
     let mut c = railrun();
-    c.arg("--hostfile").arg(&hf).args(["-np", "2", TESTPROG, "exit", "0"]);
+    c.arg("--hostfile")
+        .arg(&hf)
+        .args(["-np", "2", TESTPROG, "exit", "0"]);
     let (o, _) = run_limited(c, Duration::from_secs(30));
     let err = text(&o.stderr);
     assert!(!o.status.success());
@@ -423,12 +537,21 @@ fn bad_hostfile_names_file_and_line() {
 
 #[test]
 fn usage_errors_exit_2() {
-    for args in [&["--no-such-option", "x"][..], &["-np"], &["-np", "zero", "x"], &[]] {
+    for args in [
+        &["--no-such-option", "x"][..],
+        &["-np"],
+        &["-np", "zero", "x"],
+        &[],
+    ] {
         let mut c = railrun();
         c.args(args);
         let (o, _) = run_limited(c, Duration::from_secs(30));
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o.stderr));
-        assert!(text(&o.stderr).starts_with("railrun: "), "{args:?}: {}", text(&o.stderr));
+        assert!(
+            text(&o.stderr).starts_with("railrun: "),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
     }
     let (o, _) = run_limited(
         {
@@ -446,7 +569,9 @@ fn usage_errors_exit_2() {
 fn ctrl_c_stops_everything_with_130() {
     let mk = marker("ctrlc");
     let mut c = railrun();
-    c.args(["-np", "3", TESTPROG, "sleep", "60", &mk]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.args(["-np", "3", TESTPROG, "sleep", "60", &mk])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while procs_with(&mk).len() < 3 {
@@ -455,9 +580,15 @@ fn ctrl_c_stops_everything_with_130() {
     }
     let t0 = Instant::now();
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let st = wait_timeout(&mut child, Duration::from_secs(20)).expect("railrun did not stop after SIGINT");
+    let st = wait_timeout(&mut child, Duration::from_secs(20))
+        .expect("railrun did not stop after SIGINT");
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert_eq!(st.code(), Some(130), "{err}");
     assert!(err.contains("SIGINT"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(10));
@@ -468,7 +599,9 @@ fn ctrl_c_stops_everything_with_130() {
 fn sigterm_to_railrun_exits_143() {
     let mk = marker("sigterm");
     let mut c = railrun();
-    c.args(["-np", "2", TESTPROG, "sleep", "60", &mk]).stdout(Stdio::null()).stderr(Stdio::piped());
+    c.args(["-np", "2", TESTPROG, "sleep", "60", &mk])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while procs_with(&mk).len() < 2 {
@@ -476,7 +609,8 @@ fn sigterm_to_railrun_exits_143() {
         std::thread::sleep(Duration::from_millis(20));
     }
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let st = wait_timeout(&mut child, Duration::from_secs(20)).expect("railrun did not stop after SIGTERM");
+    let st = wait_timeout(&mut child, Duration::from_secs(20))
+        .expect("railrun did not stop after SIGTERM");
     assert_eq!(st.code(), Some(143));
     assert_no_survivors(&mk);
 }
@@ -486,7 +620,9 @@ fn railrun_killed_hard_takes_its_ranks_along() {
     // SIGKILL to railrun: PDEATHSIG ends the ranks.
     let mk = marker("sigkill");
     let mut c = railrun();
-    c.args(["-np", "2", TESTPROG, "sleep", "60", &mk]).stdout(Stdio::null()).stderr(Stdio::null());
+    c.args(["-np", "2", TESTPROG, "sleep", "60", &mk])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let mut child = c.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while procs_with(&mk).len() < 2 {
@@ -519,7 +655,10 @@ fn store_across_4_ranks() {
     let mut adds = Vec::new();
     for r in 0..4 {
         for k in 0..4 {
-            assert!(out.contains(&format!("STORE rank={r} rank/{k}=hello from rank {k} on ")), "{out}");
+            assert!(
+                out.contains(&format!("STORE rank={r} rank/{k}=hello from rank {k} on ")),
+                "{out}"
+            );
         }
         assert!(out.contains(&format!("STORE rank={r} count=4")), "{out}");
         let add = out
@@ -578,7 +717,17 @@ fn railrun_fake_ssh() -> Command {
 #[test]
 fn agents_over_fake_ssh_env_and_store() {
     let mut c = railrun_fake_ssh();
-    c.args(["-H", "fakea:2,fakeb:2", "-np", "4", "--tag-output", "-x", "RRTEST_X=1", TESTPROG, "env"]);
+    c.args([
+        "-H",
+        "fakea:2,fakeb:2",
+        "-np",
+        "4",
+        "--tag-output",
+        "-x",
+        "RRTEST_X=1",
+        TESTPROG,
+        "env",
+    ]);
     let (o, _) = run_limited(c, Duration::from_secs(60));
     assert!(o.status.success(), "{}", text(&o.stderr));
     let m = tagged_env(&text(&o.stdout));
@@ -606,7 +755,10 @@ fn agents_over_fake_ssh_env_and_store() {
     for r in 0..4 {
         assert!(out.contains(&format!("STORE rank={r} count=4")), "{out}");
         for k in 0..4 {
-            assert!(out.contains(&format!("STORE rank={r} rank/{k}=hello from rank {k} on ")), "{out}");
+            assert!(
+                out.contains(&format!("STORE rank={r} rank/{k}=hello from rank {k} on ")),
+                "{out}"
+            );
         }
     }
 }
@@ -615,22 +767,48 @@ fn agents_over_fake_ssh_env_and_store() {
 fn agents_over_fake_ssh_failure_and_stdin() {
     let mk = marker("fakefail");
     let mut c = railrun_fake_ssh();
-    c.args(["-H", "fakea:2,fakeb:2", "-np", "4", TESTPROG, "exit-rank", "3", "5", &mk]);
+    c.args([
+        "-H",
+        "fakea:2,fakeb:2",
+        "-np",
+        "4",
+        TESTPROG,
+        "exit-rank",
+        "3",
+        "5",
+        &mk,
+    ]);
     let (o, wall) = run_limited(c, Duration::from_secs(60));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(5), "{err}");
-    assert!(err.contains("railrun: rank 3 on host fakeb exited with code 5"), "{err}");
+    assert!(
+        err.contains("railrun: rank 3 on host fakeb exited with code 5"),
+        "{err}"
+    );
     assert!(wall < Duration::from_secs(20), "took {wall:?}");
     assert_no_survivors(&mk);
 
     let mut c = railrun_fake_ssh();
-    c.args(["-H", "fakea,fakeb", "-np", "2", "--tag-output", TESTPROG, "echo-stdin"]);
+    c.args([
+        "-H",
+        "fakea,fakeb",
+        "-np",
+        "2",
+        "--tag-output",
+        TESTPROG,
+        "echo-stdin",
+    ]);
     c.stdin(Stdio::piped());
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     child.stdin.take().unwrap().write_all(b"remote\n").unwrap();
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     let st = wait_timeout(&mut child, Duration::from_secs(30)).expect("hung");
     assert!(st.success());
     assert_eq!(out, "[0] remote\n");
@@ -643,14 +821,30 @@ fn agents_over_fake_ssh_unreachable_hosts() {
     let (o, _) = run_limited(c, Duration::from_secs(30));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(255), "{err}");
-    assert!(err.contains("host refuse1") && err.contains("Connection refused"), "{err}");
+    assert!(
+        err.contains("host refuse1") && err.contains("Connection refused"),
+        "{err}"
+    );
 
     let mut c = railrun_fake_ssh();
-    c.args(["-H", "fakea,hang1", "--connect-timeout", "1", "-np", "2", TESTPROG, "exit", "0"]);
+    c.args([
+        "-H",
+        "fakea,hang1",
+        "--connect-timeout",
+        "1",
+        "-np",
+        "2",
+        TESTPROG,
+        "exit",
+        "0",
+    ]);
     let (o, wall) = run_limited(c, Duration::from_secs(30));
     let err = text(&o.stderr);
     assert_eq!(o.status.code(), Some(255), "{err}");
-    assert!(err.contains("host hang1") && err.contains("--connect-timeout"), "{err}");
+    assert!(
+        err.contains("host hang1") && err.contains("--connect-timeout"),
+        "{err}"
+    );
     assert!(wall < Duration::from_secs(6), "took {wall:?}");
 }
 
@@ -659,7 +853,9 @@ fn agent_kills_its_ranks_when_the_launcher_dies() {
     let mk = marker("lostlauncher");
     let mut c = railrun_fake_ssh();
     c.env("RAILRUN_KILL_GRACE", "0.5");
-    c.args(["-H", "fakea:2", "-np", "2", TESTPROG, "sleep", "60", &mk]).stdout(Stdio::null()).stderr(Stdio::null());
+    c.args(["-H", "fakea:2", "-np", "2", TESTPROG, "sleep", "60", &mk])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
     let mut child = c.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while procs_with(&mk).len() < 2 {
@@ -672,7 +868,11 @@ fn agent_kills_its_ranks_when_the_launcher_dies() {
     child.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !procs_with(&mk).is_empty() {
-        assert!(Instant::now() < deadline, "ranks survived the launcher: {:?}", procs_with(&mk));
+        assert!(
+            Instant::now() < deadline,
+            "ranks survived the launcher: {:?}",
+            procs_with(&mk)
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -40,7 +40,11 @@ fn mpirun_argv(np: usize) -> Vec<String> {
 fn clean(mut c: Command) -> Command {
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
-        if k.starts_with("RAILRING_") || k.starts_with("OMPI_") || k.starts_with("PMI") || k.starts_with("RAILRUN_") {
+        if k.starts_with("RAILRING_")
+            || k.starts_with("OMPI_")
+            || k.starts_with("PMI")
+            || k.starts_with("RAILRUN_")
+        {
             c.env_remove(&k);
         }
     }
@@ -48,7 +52,12 @@ fn clean(mut c: Command) -> Command {
     c
 }
 
-fn collect(child: &mut Child) -> (std::thread::JoinHandle<String>, std::thread::JoinHandle<String>) {
+fn collect(
+    child: &mut Child,
+) -> (
+    std::thread::JoinHandle<String>,
+    std::thread::JoinHandle<String>,
+) {
     let mut o = child.stdout.take().expect("piped stdout");
     let mut e = child.stderr.take().expect("piped stderr");
     let to = std::thread::spawn(move || {
@@ -67,7 +76,9 @@ fn collect(child: &mut Child) -> (std::thread::JoinHandle<String>, std::thread::
 /// Run `cmd`; past `limit`, SIGTERM (mpirun then ends its ranks), SIGKILL 5 s later, and fail.
 fn run_limited(mut cmd: Command, limit: Duration, what: &str) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
     let (to, te) = collect(&mut child);
     let deadline = Instant::now() + limit;
     let status = loop {
@@ -83,11 +94,19 @@ fn run_limited(mut cmd: Command, limit: Duration, what: &str) -> Output {
             }
             let _ = child.kill();
             let _ = child.wait();
-            panic!("{what}: did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}", to.join().unwrap(), te.join().unwrap());
+            panic!(
+                "{what}: did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                to.join().unwrap(),
+                te.join().unwrap()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    Output { status, stdout: to.join().unwrap().into_bytes(), stderr: te.join().unwrap().into_bytes() }
+    Output {
+        status,
+        stdout: to.join().unwrap().into_bytes(),
+        stderr: te.join().unwrap().into_bytes(),
+    }
 }
 
 fn text(b: &[u8]) -> String {
@@ -98,14 +117,22 @@ fn text(b: &[u8]) -> String {
 fn assert_all_ok(o: &Output, np: usize, mode: &str) -> Vec<(usize, String)> {
     let out = text(&o.stdout);
     let err = text(&o.stderr);
-    assert!(o.status.success(), "mode {mode}, {np} ranks: mpirun failed ({})\nstdout:\n{out}\nstderr:\n{err}", o.status);
+    assert!(
+        o.status.success(),
+        "mode {mode}, {np} ranks: mpirun failed ({})\nstdout:\n{out}\nstderr:\n{err}",
+        o.status
+    );
     (0..np)
         .map(|r| {
             let p = format!("OK rank {r} of {np} mode {mode} nodes ");
             let rest = out
                 .lines()
                 .find_map(|l| l.strip_prefix(&p))
-                .unwrap_or_else(|| panic!("rank {r} did not report OK (mode {mode})\nstdout:\n{out}\nstderr:\n{err}"));
+                .unwrap_or_else(|| {
+                    panic!(
+                        "rank {r} did not report OK (mode {mode})\nstdout:\n{out}\nstderr:\n{err}"
+                    )
+                });
             let mut f = rest.split_whitespace();
             let nodes: usize = f.next().and_then(|x| x.parse().ok()).expect("nodes");
             assert_eq!(f.next(), Some("host"), "{rest}");
@@ -119,7 +146,11 @@ fn local_mpirun(np: usize, mode: &str) {
     argv.extend([MPIPROG.to_string(), mode.to_string()]);
     let mut c = clean(Command::new(&argv[0]));
     c.args(&argv[1..]);
-    let o = run_limited(c, Duration::from_secs(120), &format!("mpirun -np {np} rr-mpiprog {mode}"));
+    let o = run_limited(
+        c,
+        Duration::from_secs(120),
+        &format!("mpirun -np {np} rr-mpiprog {mode}"),
+    );
     for (nodes, _) in assert_all_ok(&o, np, mode) {
         assert_eq!(nodes, 1, "one machine is one node");
     }
@@ -149,14 +180,31 @@ fn from_mpi_4_ranks() {
 /// aborts it when a rank exits non-zero) with the failing rank's own error, not hang.
 fn one_rank_fails(np_good: usize, bad_env: &str, want: &str) {
     let mut argv = mpirun_argv(np_good);
-    argv.extend([MPIPROG.to_string(), "init".into(), ":".into(), "-np".into(), "1".into(), "env".into(), bad_env.into(), MPIPROG.into(), "init".into()]);
+    argv.extend([
+        MPIPROG.to_string(),
+        "init".into(),
+        ":".into(),
+        "-np".into(),
+        "1".into(),
+        "env".into(),
+        bad_env.into(),
+        MPIPROG.into(),
+        "init".into(),
+    ]);
     let mut c = clean(Command::new(&argv[0]));
     c.args(&argv[1..]);
-    let o = run_limited(c, Duration::from_secs(120), &format!("mpirun with one rank given {bad_env}"));
+    let o = run_limited(
+        c,
+        Duration::from_secs(120),
+        &format!("mpirun with one rank given {bad_env}"),
+    );
     let all = format!("{}{}", text(&o.stdout), text(&o.stderr));
     assert!(!o.status.success(), "{all}");
     let bad = np_good; // the last rank
-    assert!(all.contains(&format!("FAIL rank {bad}: Communicator::init:")) && all.contains(want), "{all}");
+    assert!(
+        all.contains(&format!("FAIL rank {bad}: Communicator::init:")) && all.contains(want),
+        "{all}"
+    );
 }
 
 #[test]
@@ -167,7 +215,11 @@ fn a_rank_failing_before_mpi_init_ends_the_job() {
 #[test]
 fn a_rank_failing_during_the_bootstrap_ends_the_job() {
     // after the MPI broadcast, while the others wait for it in the store
-    one_rank_fails(2, "RAILRING_SOCKET_IFNAME==rr-no-such-if", "matches no IPv4 interface");
+    one_rank_fails(
+        2,
+        "RAILRING_SOCKET_IFNAME==rr-no-such-if",
+        "matches no IPv4 interface",
+    );
 }
 
 /// Alone (no mpirun), a program built with the `mpi` feature is a world of one and never
@@ -178,7 +230,11 @@ fn alone_without_mpirun_is_not_mpi() {
     c.arg("init");
     let o = run_limited(c, Duration::from_secs(30), "rr-mpiprog init alone");
     assert!(!o.status.success());
-    assert!(text(&o.stderr).contains("world of 1: mpirun was not detected"), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("world of 1: mpirun was not detected"),
+        "{}",
+        text(&o.stderr)
+    );
 }
 
 /// railperf, mpiperf, railcompare and railrun, built once into this test's target directory.
@@ -187,12 +243,24 @@ fn tools() -> &'static Path {
     DIR.get_or_init(|| {
         let dir = Path::new(MPIPROG).parent().expect("bin dir").to_path_buf();
         let target = dir.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var("CARGO").ok().or(option_env!("CARGO").map(String::from)).unwrap_or_else(|| "cargo".into());
+        let cargo = std::env::var("CARGO")
+            .ok()
+            .or(option_env!("CARGO").map(String::from))
+            .unwrap_or_else(|| "cargo".into());
         let mut c = Command::new(cargo);
         c.arg("build")
             .arg("--manifest-path")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
-            .args(["-p", "railring-examples", "-p", "railrun", "--features", "railring-examples/mpi", "--bins", "--target-dir"])
+            .args([
+                "-p",
+                "railring-examples",
+                "-p",
+                "railrun",
+                "--features",
+                "railring-examples/mpi",
+                "--bins",
+                "--target-dir",
+            ])
             .arg(&target);
         match dir.file_name().and_then(|s| s.to_str()) {
             Some("debug") | None => {}
@@ -203,8 +271,13 @@ fn tools() -> &'static Path {
                 c.args(["--profile", other]);
             }
         }
-        let st = c.status().expect("run cargo build -p railring-examples -p railrun");
-        assert!(st.success(), "cargo build of railperf / mpiperf / railcompare / railrun failed");
+        let st = c
+            .status()
+            .expect("run cargo build -p railring-examples -p railrun");
+        assert!(
+            st.success(),
+            "cargo build of railperf / mpiperf / railcompare / railrun failed"
+        );
         dir
     })
 }
@@ -213,8 +286,15 @@ fn tools() -> &'static Path {
 fn assert_compare_ok(o: &Output, sizes: &[usize], svg: &Path, json: &Path) {
     let out = text(&o.stdout);
     let err = text(&o.stderr);
-    assert!(o.status.success(), "railcompare failed ({})\nstdout:\n{out}\nstderr:\n{err}", o.status);
-    assert!(out.contains("# Out of bounds values : mpi 0 OK, railring 0 OK"), "{out}\n{err}");
+    assert!(
+        o.status.success(),
+        "railcompare failed ({})\nstdout:\n{out}\nstderr:\n{err}",
+        o.status
+    );
+    assert!(
+        out.contains("# Out of bounds values : mpi 0 OK, railring 0 OK"),
+        "{out}\n{err}"
+    );
     for s in sizes {
         let row = out
             .lines()
@@ -224,18 +304,32 @@ fn assert_compare_ok(o: &Output, sizes: &[usize], svg: &Path, json: &Path) {
         // size count type redop root | mpi t bw rr t bw ratio | mpi t bw rr t bw ratio | w w
         let f: Vec<&str> = row.split_whitespace().filter(|x| *x != "|").collect();
         assert_eq!(f.len(), 17, "{row}");
-        assert!(f[5..15].iter().all(|x| *x != "-"), "a library is missing at {s} B: {row}");
+        assert!(
+            f[5..15].iter().all(|x| *x != "-"),
+            "a library is missing at {s} B: {row}"
+        );
         assert_eq!((f[15], f[16]), ("0", "0"), "wrong elements at {s} B: {row}");
     }
     let svg_text = std::fs::read_to_string(svg).expect("the SVG was written");
     assert!(svg_text.starts_with("<svg") && svg_text.trim_end().ends_with("</svg>"));
-    assert_eq!(svg_text.matches("<polyline").count(), 4, "MPI and railring, out-of-place and in-place");
-    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(json).expect("the JSON was written")).expect("JSON");
+    assert_eq!(
+        svg_text.matches("<polyline").count(),
+        4,
+        "MPI and railring, out-of-place and in-place"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(json).expect("the JSON was written")).expect("JSON");
     let rows = doc["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), sizes.len());
     for r in rows {
-        assert!(r["mpi"]["oop_busbw"].is_number() && r["railring"]["ip_busbw"].is_number(), "{r}");
-        assert!(r["ratio_oop_busbw"].is_number() || r["mpi"]["oop_busbw"] == 0.0, "{r}");
+        assert!(
+            r["mpi"]["oop_busbw"].is_number() && r["railring"]["ip_busbw"].is_number(),
+            "{r}"
+        );
+        assert!(
+            r["ratio_oop_busbw"].is_number() || r["mpi"]["oop_busbw"] == 0.0,
+            "{r}"
+        );
     }
 }
 
@@ -246,8 +340,24 @@ fn railcompare_smoke_2_ranks() {
     std::fs::create_dir_all(&tmp).unwrap();
     let (svg, json) = (tmp.join("ar.svg"), tmp.join("ar.json"));
     let mut c = clean(Command::new(dir.join("railcompare")));
-    c.args(["-np", "2", "--svg"]).arg(&svg).arg("--json").arg(&json);
-    c.args(["--", "allreduce", "-b", "8", "-e", "64K", "-f", "2", "-n", "2", "-w", "1"]);
+    c.args(["-np", "2", "--svg"])
+        .arg(&svg)
+        .arg("--json")
+        .arg(&json);
+    c.args([
+        "--",
+        "allreduce",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+        "-f",
+        "2",
+        "-n",
+        "2",
+        "-w",
+        "1",
+    ]);
     let o = run_limited(c, Duration::from_secs(300), "railcompare -np 2");
     let sizes: Vec<usize> = (3..=16).map(|k| 1usize << k).collect();
     assert_compare_ok(&o, &sizes, &svg, &json);
@@ -259,11 +369,21 @@ fn railcompare_smoke_2_ranks() {
 fn railperf_vs_mpi_points_to_railcompare() {
     let dir = tools();
     let mut c = clean(Command::new(dir.join("railrun")));
-    c.args(["-np", "2"]).arg(dir.join("railperf")).args(["allreduce", "-b", "8", "-e", "1K", "--vs-mpi"]);
+    c.args(["-np", "2"]).arg(dir.join("railperf")).args([
+        "allreduce",
+        "-b",
+        "8",
+        "-e",
+        "1K",
+        "--vs-mpi",
+    ]);
     let o = run_limited(c, Duration::from_secs(60), "railrun railperf --vs-mpi");
     let err = text(&o.stderr);
     assert!(!o.status.success(), "{err}");
-    assert!(err.contains("railcompare -np 2") && err.contains("-- allreduce -b 8 -e 1K"), "{err}");
+    assert!(
+        err.contains("railcompare -np 2") && err.contains("-- allreduce -b 8 -e 1K"),
+        "{err}"
+    );
 }
 
 // ---- across the emulated cluster ----
@@ -272,7 +392,14 @@ fn cluster(test: &str) -> Option<Cluster> {
     if !Cluster::check_or_skip(test) {
         return None;
     }
-    Some(Cluster::up(ClusterSpec { hosts: 2, rails: 2, rail_rate: None }).unwrap_or_else(|e| panic!("{test}: cluster up: {e}")))
+    Some(
+        Cluster::up(ClusterSpec {
+            hosts: 2,
+            rails: 2,
+            rail_rate: None,
+        })
+        .unwrap_or_else(|e| panic!("{test}: cluster up: {e}")),
+    )
 }
 
 /// Open MPI on the management network, ranks spread over n1 and n2, railring's rails on `rail*`.
@@ -306,22 +433,37 @@ fn assert_clean(c: &Cluster) {
 
 #[test]
 fn mpirun_across_cluster_hosts() {
-    let Some(c) = cluster("mpirun_across_cluster_hosts") else { return };
+    let Some(c) = cluster("mpirun_across_cluster_hosts") else {
+        return;
+    };
     let hf = c.hostfile(2).unwrap();
     for mode in ["init", "from-mpi"] {
         let mut argv = cluster_mpirun_argv(&c, &hf, 4);
         argv.extend([MPIPROG.to_string(), mode.to_string()]);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let cmd = clean(c.exec("head", &argv));
-        let o = run_limited(cmd, Duration::from_secs(180), &format!("mpirun on head -np 4 rr-mpiprog {mode}"));
+        let o = run_limited(
+            cmd,
+            Duration::from_secs(180),
+            &format!("mpirun on head -np 4 rr-mpiprog {mode}"),
+        );
         let ranks = assert_all_ok(&o, 4, mode);
         for (r, (nodes, host)) in ranks.iter().enumerate() {
             assert_eq!(*nodes, 2, "rank {r}: two hosts are two nodes");
-            assert_eq!(host, if r < 2 { "n1" } else { "n2" }, "rank {r} placed by the hostfile");
+            assert_eq!(
+                host,
+                if r < 2 { "n1" } else { "n2" },
+                "rank {r} placed by the hostfile"
+            );
         }
         // railring's data between n1 and n2 crossed a rail, not the management network
-        let rail: u64 = (0..2).map(|r| c.rail_bytes("n1", r).map(|(tx, _)| tx).unwrap_or(0)).sum();
-        assert!(rail > (1 << 18) * 4, "mode {mode}: only {rail} bytes left n1 over its rails");
+        let rail: u64 = (0..2)
+            .map(|r| c.rail_bytes("n1", r).map(|(tx, _)| tx).unwrap_or(0))
+            .sum();
+        assert!(
+            rail > (1 << 18) * 4,
+            "mode {mode}: only {rail} bytes left n1 over its rails"
+        );
     }
     assert_clean(&c);
 }
@@ -329,7 +471,9 @@ fn mpirun_across_cluster_hosts() {
 #[test]
 fn railcompare_across_cluster_hosts() {
     let dir = tools();
-    let Some(c) = cluster("railcompare_across_cluster_hosts") else { return };
+    let Some(c) = cluster("railcompare_across_cluster_hosts") else {
+        return;
+    };
     let hf = c.hostfile(1).unwrap();
     let svg = c.dir().join("cmp.svg");
     let json = c.dir().join("cmp.json");

@@ -26,7 +26,10 @@ fn main() {
     let mut opts = match Options::parse(&args) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("mpiperf: {e}\n\n{}", perf::USAGE.replace("railperf", "mpiperf"));
+            eprintln!(
+                "mpiperf: {e}\n\n{}",
+                perf::USAGE.replace("railperf", "mpiperf")
+            );
             std::process::exit(2);
         }
     };
@@ -37,7 +40,12 @@ fn main() {
     if !opts.rest.is_empty() && first_rank() {
         eprintln!("mpiperf: ignoring option(s) {}", opts.rest.join(" "));
     }
-    let skipped: Vec<&str> = opts.dtypes.iter().filter(|d| !mpi_backend::supported(**d)).map(|d| d.name()).collect();
+    let skipped: Vec<&str> = opts
+        .dtypes
+        .iter()
+        .filter(|d| !mpi_backend::supported(**d))
+        .map(|d| d.name())
+        .collect();
     if !skipped.is_empty() {
         if opts.dtypes.len() == skipped.len() {
             if first_rank() {
@@ -46,7 +54,10 @@ fn main() {
             std::process::exit(2);
         }
         if first_rank() {
-            println!("# mpiperf: skipping {} (no native MPI datatype)", skipped.join(", "));
+            println!(
+                "# mpiperf: skipping {} (no native MPI datatype)",
+                skipped.join(", ")
+            );
         }
         opts.dtypes.retain(|d| mpi_backend::supported(*d));
     }

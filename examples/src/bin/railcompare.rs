@@ -138,7 +138,12 @@ fn split_words(s: &str) -> Result<Vec<String>, String> {
 }
 
 fn parse_args(argv: &[String]) -> Result<Args, String> {
-    let mut a = Args { mpirun: "mpirun".into(), rounds: 3, yield_idle: true, ..Default::default() };
+    let mut a = Args {
+        mpirun: "mpirun".into(),
+        rounds: 3,
+        yield_idle: true,
+        ..Default::default()
+    };
     let mut i = 0;
     while i < argv.len() {
         let arg = &argv[i];
@@ -151,7 +156,9 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
                 return Ok(v.clone());
             }
             i += 1;
-            argv.get(i).cloned().ok_or_else(|| format!("{name} needs a value"))
+            argv.get(i)
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
         };
         match flag.as_str() {
             "--" => {
@@ -160,7 +167,12 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             }
             "-np" | "-n" | "--np" | "-c" => {
                 let v = val(&flag)?;
-                a.np = v.trim().parse::<usize>().ok().filter(|&n| n > 0 && n < (1 << 20)).ok_or(format!("{flag}: '{v}' is not a rank count"))?;
+                a.np = v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0 && n < (1 << 20))
+                    .ok_or(format!("{flag}: '{v}' is not a rank count"))?;
             }
             "--hostfile" | "--machinefile" => a.hostfile = Some(val(&flag)?),
             "-H" | "--host" | "--hosts" => a.hosts = Some(val(&flag)?),
@@ -170,7 +182,12 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--railrun-args" => a.railrun_args.extend(split_words(&val(&flag)?)?),
             "--rounds" => {
                 let v = val(&flag)?;
-                a.rounds = v.trim().parse::<usize>().ok().filter(|&n| (1..=100).contains(&n)).ok_or(format!("--rounds: '{v}' is not a number from 1 to 100"))?;
+                a.rounds = v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| (1..=100).contains(&n))
+                    .ok_or(format!("--rounds: '{v}' is not a number from 1 to 100"))?;
             }
             "--no-yield" => a.yield_idle = false,
             "--svg" => a.svg = Some(val(&flag)?),
@@ -183,7 +200,11 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
                 a.perf = argv[i..].to_vec();
                 break;
             }
-            f => return Err(format!("unknown option '{f}' (benchmark arguments go after --)")),
+            f => {
+                return Err(format!(
+                    "unknown option '{f}' (benchmark arguments go after --)"
+                ))
+            }
         }
         i += 1;
     }
@@ -194,7 +215,9 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
         return Err("give --hostfile or -H, not both".into());
     }
     if a.perf.is_empty() {
-        return Err("no benchmark arguments: add -- allreduce -b 8 -e 256M -f 2 (railperf's flags)".into());
+        return Err(
+            "no benchmark arguments: add -- allreduce -b 8 -e 256M -f 2 (railperf's flags)".into(),
+        );
     }
     Ok(a)
 }
@@ -271,11 +294,16 @@ struct Run {
 }
 
 fn is_root() -> bool {
-    std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false)
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
 }
 
 fn quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c)) {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,+@%".contains(c))
+    {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
@@ -293,13 +321,22 @@ struct Tools {
 }
 
 fn find_tools() -> Result<Tools, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot locate railcompare's own executable: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot locate railcompare's own executable: {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
     let railperf = dir.join("railperf");
     let mpiperf = dir.join("mpiperf");
     let railrun = dir.join("railrun");
-    let railrun = if railrun.is_file() { railrun.display().to_string() } else { "railrun".to_string() };
-    Ok(Tools { railrun, railperf, mpiperf })
+    let railrun = if railrun.is_file() {
+        railrun.display().to_string()
+    } else {
+        "railrun".to_string()
+    };
+    Ok(Tools {
+        railrun,
+        railperf,
+        mpiperf,
+    })
 }
 
 fn check_tools(t: &Tools) -> Result<(), String> {
@@ -367,7 +404,11 @@ fn tail(s: &str, lines: usize) -> String {
 }
 
 fn run_one(lib: Lib, round: usize, a: &Args, t: &Tools) -> Result<Run, String> {
-    let json = format!("/tmp/railcompare-{}-{}-{round}.json", std::process::id(), lib.name());
+    let json = format!(
+        "/tmp/railcompare-{}-{}-{round}.json",
+        std::process::id(),
+        lib.name()
+    );
     let _ = std::fs::remove_file(&json);
     let cmd = command(lib, a, t, &json);
     let t0 = Instant::now();
@@ -385,7 +426,8 @@ fn run_one(lib: Lib, round: usize, a: &Args, t: &Tools) -> Result<Run, String> {
     let rows = match std::fs::read(&json) {
         Ok(b) => {
             let _ = std::fs::remove_file(&json);
-            serde_json::from_slice::<Vec<Row>>(&b).map_err(|e| format!("{}: {json}: {e}", lib.name()))?
+            serde_json::from_slice::<Vec<Row>>(&b)
+                .map_err(|e| format!("{}: {json}: {e}", lib.name()))?
         }
         Err(_) => rows_from_table(&stdout),
     };
@@ -400,13 +442,29 @@ fn run_one(lib: Lib, round: usize, a: &Args, t: &Tools) -> Result<Run, String> {
         ));
     }
     if rows.is_empty() {
-        return Err(format!("the {} run printed no result rows:\n  {}\n{}\n{}", lib.name(), show(&cmd), tail(&stdout, 15), tail(&stderr, 15)));
+        return Err(format!(
+            "the {} run printed no result rows:\n  {}\n{}\n{}",
+            lib.name(),
+            show(&cmd),
+            tail(&stdout, 15),
+            tail(&stderr, 15)
+        ));
     }
     if !out.status.success() {
         // wrong elements end a run with status 1 after its table: keep the rows, report below
-        eprintln!("# railcompare: the {} run exited with {} ({})", lib.name(), out.status, tail(&stderr, 3).replace('\n', " | "));
+        eprintln!(
+            "# railcompare: the {} run exited with {} ({})",
+            lib.name(),
+            out.status,
+            tail(&stderr, 3).replace('\n', " | ")
+        );
     }
-    Ok(Run { lib, round, rows, secs })
+    Ok(Run {
+        lib,
+        round,
+        rows,
+        secs,
+    })
 }
 
 /// ABBA order: round r runs MPI first when r is even.
@@ -421,7 +479,6 @@ fn order(rounds: usize) -> Vec<(Lib, usize)> {
     }
     v
 }
-
 
 /// Medians over rounds of one library at one row key.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -443,7 +500,11 @@ fn aggregate(rows: &[&Row]) -> Option<Agg> {
     // bandwidth always agree.
     let pick = |key: fn(&Row) -> f64| -> &Row {
         let mut v: Vec<&Row> = rows.to_vec();
-        v.sort_by(|a, b| key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal));
+        v.sort_by(|a, b| {
+            key(a)
+                .partial_cmp(&key(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
         v[(v.len() - 1) / 2]
     };
     let o = pick(|r| r.oop_time_us);
@@ -489,14 +550,32 @@ fn compare(runs: &[Run]) -> Vec<Compared> {
     }
     keys.into_iter()
         .map(|(k, count)| {
-            let of = |lib: Lib| -> Vec<&Row> { runs.iter().filter(|r| r.lib == lib).flat_map(|r| r.rows.iter().filter(|x| x.key() == k)).collect() };
+            let of = |lib: Lib| -> Vec<&Row> {
+                runs.iter()
+                    .filter(|r| r.lib == lib)
+                    .flat_map(|r| r.rows.iter().filter(|x| x.key() == k))
+                    .collect()
+            };
             let mpi = aggregate(&of(Lib::Mpi));
             let railring = aggregate(&of(Lib::Railring));
             let (ratio_oop_busbw, ratio_ip_busbw) = match (&mpi, &railring) {
-                (Some(m), Some(r)) => (ratio(r.oop_busbw, m.oop_busbw), ratio(r.ip_busbw, m.ip_busbw)),
+                (Some(m), Some(r)) => (
+                    ratio(r.oop_busbw, m.oop_busbw),
+                    ratio(r.ip_busbw, m.ip_busbw),
+                ),
                 _ => (None, None),
             };
-            Compared { size: k.3, count, dtype: k.0, redop: k.1, root: k.2, mpi, railring, ratio_oop_busbw, ratio_ip_busbw }
+            Compared {
+                size: k.3,
+                count,
+                dtype: k.0,
+                redop: k.1,
+                root: k.2,
+                mpi,
+                railring,
+                ratio_oop_busbw,
+                ratio_ip_busbw,
+            }
         })
         .collect()
 }
@@ -536,7 +615,10 @@ fn table(rows: &[Compared]) -> String {
     for r in rows {
         let m = r.mpi.as_ref();
         let x = r.railring.as_ref();
-        let w = |a: Option<&Agg>| a.map(|a| (a.oop_wrong + a.ip_wrong).to_string()).unwrap_or_else(|| "-".into());
+        let w = |a: Option<&Agg>| {
+            a.map(|a| (a.oop_wrong + a.ip_wrong).to_string())
+                .unwrap_or_else(|| "-".into())
+        };
         let _ = writeln!(
             s,
             " {:>11} {:>12} {:>8} {:>6} {:>5} | {:>8} {:>7} {:>8} {:>7} {:>6} | {:>8} {:>7} {:>8} {:>7} {:>6} | {:>6} {:>6}",
@@ -563,12 +645,20 @@ fn table(rows: &[Compared]) -> String {
 }
 
 fn xml(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
 fn size_label(b: f64) -> String {
     let b = b.round() as u64;
-    for (u, s) in [(1u64 << 40, "T"), (1 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")] {
+    for (u, s) in [
+        (1u64 << 40, "T"),
+        (1 << 30, "G"),
+        (1 << 20, "M"),
+        (1 << 10, "K"),
+    ] {
         if b >= u && b & (u - 1) == 0 {
             return format!("{}{s}", b / u);
         }
@@ -600,7 +690,10 @@ fn svg(rows: &[Compared], title: &str) -> String {
     let (ml, mr, mt, mb) = (80.0, 190.0, 50.0, 60.0);
     let h = ph * groups.len().max(1) as f64;
     let mut s = String::new();
-    let _ = writeln!(s, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
     let series: [(&str, &str, &str, bool); 4] = [
         ("MPI out-of-place", "#d62728", "", false),
@@ -610,7 +703,10 @@ fn svg(rows: &[Compared], title: &str) -> String {
     ];
     for (gi, g) in groups.iter().enumerate() {
         let y0 = gi as f64 * ph;
-        let gr: Vec<&Compared> = rows.iter().filter(|r| (r.dtype.clone(), r.redop.clone(), r.root) == *g).collect();
+        let gr: Vec<&Compared> = rows
+            .iter()
+            .filter(|r| (r.dtype.clone(), r.redop.clone(), r.root) == *g)
+            .collect();
         let pts = |lib: Lib, ip: bool| -> Vec<(f64, f64)> {
             gr.iter()
                 .filter(|r| r.size > 0)
@@ -624,10 +720,27 @@ fn svg(rows: &[Compared], title: &str) -> String {
                 })
                 .collect()
         };
-        let all: Vec<(f64, f64)> = [pts(Lib::Mpi, false), pts(Lib::Mpi, true), pts(Lib::Railring, false), pts(Lib::Railring, true)].concat();
-        let xmin = all.iter().map(|p| p.0).fold(f64::INFINITY, f64::min).max(1.0);
+        let all: Vec<(f64, f64)> = [
+            pts(Lib::Mpi, false),
+            pts(Lib::Mpi, true),
+            pts(Lib::Railring, false),
+            pts(Lib::Railring, true),
+        ]
+        .concat();
+        let xmin = all
+            .iter()
+            .map(|p| p.0)
+            .fold(f64::INFINITY, f64::min)
+            .max(1.0);
         let xmax = all.iter().map(|p| p.0).fold(0.0, f64::max).max(xmin);
-        let (lx0, lx1) = (xmin.log2(), if xmax > xmin { xmax.log2() } else { xmin.log2() + 1.0 });
+        let (lx0, lx1) = (
+            xmin.log2(),
+            if xmax > xmin {
+                xmax.log2()
+            } else {
+                xmin.log2() + 1.0
+            },
+        );
         let ymax_data = all.iter().map(|p| p.1).fold(0.0, f64::max);
         let step = nice_step(if ymax_data > 0.0 { ymax_data } else { 1.0 });
         let ymax = ((ymax_data / step).ceil().max(1.0)) * step;
@@ -639,14 +752,36 @@ fn svg(rows: &[Compared], title: &str) -> String {
             r#"<text x="{}" y="{}" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
             (px0 + px1) / 2.0,
             y0 + 28.0,
-            xml(&format!("{title} — {} {}{}", g.0, g.1, if g.2 >= 0 { format!(" root {}", g.2) } else { String::new() }))
+            xml(&format!(
+                "{title} — {} {}{}",
+                g.0,
+                g.1,
+                if g.2 >= 0 {
+                    format!(" root {}", g.2)
+                } else {
+                    String::new()
+                }
+            ))
         );
         // grid and y ticks
         let mut y = 0.0;
         while y <= ymax + step * 0.01 {
             let yy = yp(y);
-            let _ = writeln!(s, r##"<line x1="{px0}" y1="{yy:.1}" x2="{px1}" y2="{yy:.1}" stroke="#e0e0e0"/>"##);
-            let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, px0 - 6.0, yy + 4.0, if step < 1.0 { format!("{y:.2}") } else { format!("{y:.0}") });
+            let _ = writeln!(
+                s,
+                r##"<line x1="{px0}" y1="{yy:.1}" x2="{px1}" y2="{yy:.1}" stroke="#e0e0e0"/>"##
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+                px0 - 6.0,
+                yy + 4.0,
+                if step < 1.0 {
+                    format!("{y:.2}")
+                } else {
+                    format!("{y:.0}")
+                }
+            );
             y += step;
         }
         // x ticks at powers of two, at most ~12 labels
@@ -654,13 +789,31 @@ fn svg(rows: &[Compared], title: &str) -> String {
         let every = (((k1 - k0 + 1) as f64) / 12.0).ceil().max(1.0) as i64;
         for k in k0..=k1 {
             let xx = xp(2f64.powi(k as i32));
-            let _ = writeln!(s, r##"<line x1="{xx:.1}" y1="{py0}" x2="{xx:.1}" y2="{py1}" stroke="#f0f0f0"/>"##);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{xx:.1}" y1="{py0}" x2="{xx:.1}" y2="{py1}" stroke="#f0f0f0"/>"##
+            );
             if (k1 - k) % every == 0 {
-                let _ = writeln!(s, r#"<text x="{xx:.1}" y="{}" text-anchor="middle">{}</text>"#, py1 + 18.0, size_label(2f64.powi(k as i32)));
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{xx:.1}" y="{}" text-anchor="middle">{}</text>"#,
+                    py1 + 18.0,
+                    size_label(2f64.powi(k as i32))
+                );
             }
         }
-        let _ = writeln!(s, r#"<rect x="{px0}" y="{py0}" width="{}" height="{}" fill="none" stroke="black"/>"#, px1 - px0, py1 - py0);
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">message size (bytes, log scale)</text>"#, (px0 + px1) / 2.0, py1 + 40.0);
+        let _ = writeln!(
+            s,
+            r#"<rect x="{px0}" y="{py0}" width="{}" height="{}" fill="none" stroke="black"/>"#,
+            px1 - px0,
+            py1 - py0
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">message size (bytes, log scale)</text>"#,
+            (px0 + px1) / 2.0,
+            py1 + 40.0
+        );
         let _ = writeln!(
             s,
             r#"<text x="{}" y="{}" text-anchor="middle" transform="rotate(-90 {} {})">bus bandwidth (GB/s)</text>"#,
@@ -673,19 +826,49 @@ fn svg(rows: &[Compared], title: &str) -> String {
             let lib = if si < 2 { Lib::Mpi } else { Lib::Railring };
             let p = pts(lib, *ip);
             if !p.is_empty() {
-                let path: Vec<String> = p.iter().map(|&(x, y)| format!("{:.1},{:.1}", xp(x), yp(y))).collect();
-                let da = if dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{dash}""#) };
-                let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{da}/>"#, path.join(" "));
+                let path: Vec<String> = p
+                    .iter()
+                    .map(|&(x, y)| format!("{:.1},{:.1}", xp(x), yp(y)))
+                    .collect();
+                let da = if dash.is_empty() {
+                    String::new()
+                } else {
+                    format!(r#" stroke-dasharray="{dash}""#)
+                };
+                let _ = writeln!(
+                    s,
+                    r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{da}/>"#,
+                    path.join(" ")
+                );
                 for &(x, y) in &p {
                     let fill = if *ip { "white" } else { color };
-                    let _ = writeln!(s, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{fill}" stroke="{color}"/>"#, xp(x), yp(y));
+                    let _ = writeln!(
+                        s,
+                        r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{fill}" stroke="{color}"/>"#,
+                        xp(x),
+                        yp(y)
+                    );
                 }
             }
             let ly = py0 + 10.0 + si as f64 * 22.0;
             let lx = px1 + 15.0;
-            let da = if dash.is_empty() { String::new() } else { format!(r#" stroke-dasharray="{dash}""#) };
-            let _ = writeln!(s, r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2"{da}/>"#, lx + 30.0);
-            let _ = writeln!(s, r#"<text x="{}" y="{}">{}</text>"#, lx + 36.0, ly + 4.0, xml(name));
+            let da = if dash.is_empty() {
+                String::new()
+            } else {
+                format!(r#" stroke-dasharray="{dash}""#)
+            };
+            let _ = writeln!(
+                s,
+                r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2"{da}/>"#,
+                lx + 30.0
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}">{}</text>"#,
+                lx + 36.0,
+                ly + 4.0,
+                xml(name)
+            );
         }
     }
     s.push_str("</svg>\n");
@@ -717,7 +900,8 @@ fn main() {
 fn run(mut a: Args) -> Result<i32, String> {
     // Validate the benchmark's arguments here, once, with railperf's own parser.
     a.perf.retain(|x| x != "--vs-mpi");
-    let o = Options::parse(&a.perf).map_err(|e| format!("benchmark arguments: {e}\n\n{}", perf::USAGE))?;
+    let o = Options::parse(&a.perf)
+        .map_err(|e| format!("benchmark arguments: {e}\n\n{}", perf::USAGE))?;
     if o.help {
         return Err(format!("benchmark arguments: -h\n\n{}", perf::USAGE));
     }
@@ -725,13 +909,25 @@ fn run(mut a: Args) -> Result<i32, String> {
         return Err("benchmark arguments: leave -J out (railcompare adds its own); use railcompare --json FILE".into());
     }
     if !o.rest.is_empty() {
-        return Err(format!("benchmark arguments: unknown option(s) {}", o.rest.join(" ")));
+        return Err(format!(
+            "benchmark arguments: unknown option(s) {}",
+            o.rest.join(" ")
+        ));
     }
     let tools = find_tools()?;
     let title = format!("{} over {} ranks", o.coll.name(), a.np);
-    println!("# railcompare: {title}; {} round(s) per library in ABBA order, median per size", a.rounds);
-    println!("# mpi:      {}", show(&command(Lib::Mpi, &a, &tools, "FILE")));
-    println!("# railring: {}", show(&command(Lib::Railring, &a, &tools, "FILE")));
+    println!(
+        "# railcompare: {title}; {} round(s) per library in ABBA order, median per size",
+        a.rounds
+    );
+    println!(
+        "# mpi:      {}",
+        show(&command(Lib::Mpi, &a, &tools, "FILE"))
+    );
+    println!(
+        "# railring: {}",
+        show(&command(Lib::Railring, &a, &tools, "FILE"))
+    );
     if a.dry_run {
         return Ok(0);
     }
@@ -740,29 +936,56 @@ fn run(mut a: Args) -> Result<i32, String> {
     for (lib, round) in order(a.rounds) {
         let r = run_one(lib, round, &a, &tools)?;
         let wrong: u64 = r.rows.iter().map(|x| x.oop_wrong + x.ip_wrong).sum();
-        println!("# round {} {:<8} {} rows, {} wrong, {:.1} s", round + 1, lib.name(), r.rows.len(), wrong, r.secs);
+        println!(
+            "# round {} {:<8} {} rows, {} wrong, {:.1} s",
+            round + 1,
+            lib.name(),
+            r.rows.len(),
+            wrong,
+            r.secs
+        );
         runs.push(r);
     }
     let rows = compare(&runs);
     println!("#");
     print!("{}", table(&rows));
-    let wrong = |lib: Lib| -> u64 { runs.iter().filter(|r| r.lib == lib).flat_map(|r| &r.rows).map(|x| x.oop_wrong + x.ip_wrong).sum() };
+    let wrong = |lib: Lib| -> u64 {
+        runs.iter()
+            .filter(|r| r.lib == lib)
+            .flat_map(|r| &r.rows)
+            .map(|x| x.oop_wrong + x.ip_wrong)
+            .sum()
+    };
     let (wm, wr) = (wrong(Lib::Mpi), wrong(Lib::Railring));
     let ok = |w: u64| if w == 0 { "OK" } else { "FAILED" };
-    println!("# Out of bounds values : mpi {wm} {}, railring {wr} {}", ok(wm), ok(wr));
+    println!(
+        "# Out of bounds values : mpi {wm} {}, railring {wr} {}",
+        ok(wm),
+        ok(wr)
+    );
     let avg = |f: &dyn Fn(&Compared) -> Option<f64>| -> Option<f64> {
-        let v: Vec<f64> = rows.iter().filter_map(f).filter(|x| x.is_finite()).collect();
+        let v: Vec<f64> = rows
+            .iter()
+            .filter_map(f)
+            .filter(|x| x.is_finite())
+            .collect();
         (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
     };
-    let bus = |lib: Lib| avg(&|r: &Compared| {
-        let a = match lib {
-            Lib::Mpi => r.mpi.as_ref(),
-            Lib::Railring => r.railring.as_ref(),
-        }?;
-        Some((a.oop_busbw + a.ip_busbw) / 2.0)
-    });
+    let bus = |lib: Lib| {
+        avg(&|r: &Compared| {
+            let a = match lib {
+                Lib::Mpi => r.mpi.as_ref(),
+                Lib::Railring => r.railring.as_ref(),
+            }?;
+            Some((a.oop_busbw + a.ip_busbw) / 2.0)
+        })
+    };
     let geo = |f: &dyn Fn(&Compared) -> Option<f64>| -> Option<f64> {
-        let v: Vec<f64> = rows.iter().filter_map(f).filter(|x| x.is_finite() && *x > 0.0).collect();
+        let v: Vec<f64> = rows
+            .iter()
+            .filter_map(f)
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .collect();
         (!v.is_empty()).then(|| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp())
     };
     println!(
@@ -818,13 +1041,29 @@ mod tests {
 
     #[test]
     fn words() {
-        assert_eq!(split_words(r#"--mca btl "self,tcp" -x 'A=b c' d\ e"#).unwrap(), vec!["--mca", "btl", "self,tcp", "-x", "A=b c", "d e"]);
+        assert_eq!(
+            split_words(r#"--mca btl "self,tcp" -x 'A=b c' d\ e"#).unwrap(),
+            vec!["--mca", "btl", "self,tcp", "-x", "A=b c", "d e"]
+        );
         assert!(split_words("'open").is_err());
     }
 
     #[test]
     fn args_and_order() {
-        let v: Vec<String> = ["-np", "4", "--rounds", "3", "--ssh", "ssh -F c", "--", "allreduce", "-b", "8"].map(String::from).to_vec();
+        let v: Vec<String> = [
+            "-np",
+            "4",
+            "--rounds",
+            "3",
+            "--ssh",
+            "ssh -F c",
+            "--",
+            "allreduce",
+            "-b",
+            "8",
+        ]
+        .map(String::from)
+        .to_vec();
         let a = parse_args(&v).unwrap();
         assert_eq!(a.np, 4);
         assert_eq!(a.rounds, 3);
@@ -839,7 +1078,10 @@ mod tests {
         let line = "        1024           256     float     sum      -1    10.00    0.10    0.15      0    11.00    0.09    0.14      0";
         let r = rows_from_table(line);
         assert_eq!(r.len(), 1);
-        assert_eq!((r[0].size, r[0].count, r[0].oop_busbw, r[0].ip_wrong), (1024, 256, 0.15, 0));
+        assert_eq!(
+            (r[0].size, r[0].count, r[0].oop_busbw, r[0].ip_wrong),
+            (1024, 256, 0.15, 0)
+        );
     }
 
     #[test]
@@ -850,8 +1092,24 @@ mod tests {
             dtype: "float".into(),
             redop: "sum".into(),
             root: -1,
-            mpi: Some(Agg { oop_time_us: 1.0, oop_busbw: bw, ip_time_us: 1.0, ip_busbw: bw, oop_wrong: 0, ip_wrong: 0, rounds: 1 }),
-            railring: Some(Agg { oop_time_us: 1.0, oop_busbw: bw * 2.0, ip_time_us: 1.0, ip_busbw: bw, oop_wrong: 0, ip_wrong: 0, rounds: 1 }),
+            mpi: Some(Agg {
+                oop_time_us: 1.0,
+                oop_busbw: bw,
+                ip_time_us: 1.0,
+                ip_busbw: bw,
+                oop_wrong: 0,
+                ip_wrong: 0,
+                rounds: 1,
+            }),
+            railring: Some(Agg {
+                oop_time_us: 1.0,
+                oop_busbw: bw * 2.0,
+                ip_time_us: 1.0,
+                ip_busbw: bw,
+                oop_wrong: 0,
+                ip_wrong: 0,
+                rounds: 1,
+            }),
             ratio_oop_busbw: Some(2.0),
             ratio_ip_busbw: Some(1.0),
         };

@@ -25,13 +25,28 @@ fn main() {
         // The comparison is two jobs (mpirun + railrun), so it cannot run inside one: rank 0
         // points to railcompare with the same arguments (one write, exit 2); the other ranks
         // leave quietly with 0 so the launcher does not end the job before rank 0 has said it.
-        let env = |names: &[&str]| names.iter().find_map(|v| std::env::var(v).ok().filter(|x| !x.trim().is_empty()));
-        let rank = env(&["RAILRING_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]).unwrap_or_else(|| "0".into());
+        let env = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|v| std::env::var(v).ok().filter(|x| !x.trim().is_empty()))
+        };
+        let rank = env(&[
+            "RAILRING_RANK",
+            "OMPI_COMM_WORLD_RANK",
+            "PMI_RANK",
+            "PMIX_RANK",
+        ])
+        .unwrap_or_else(|| "0".into());
         if rank.trim() != "0" {
             std::process::exit(0);
         }
-        let n = env(&["RAILRING_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]).unwrap_or_else(|| "N".into());
-        let same: Vec<&str> = args.iter().map(String::as_str).filter(|a| *a != "--vs-mpi").collect();
+        let n = env(&["RAILRING_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+            .unwrap_or_else(|| "N".into());
+        let same: Vec<&str> = args
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != "--vs-mpi")
+            .collect();
         let msg = format!(
             "railperf: --vs-mpi: comparing with MPI takes two jobs (one under mpirun, one under railrun), run side by side by railcompare:\n  \
              railcompare -np {n} [--hostfile F | -H hosts] [--svg plot.svg] -- {}\n\

@@ -32,9 +32,7 @@ use ipc::{Access, GpuPeer, IpcHandle, Verdict};
 use kernels::HalfImpl;
 use railring_collectives::{DataType, ReduceOp};
 use std::collections::HashMap;
-use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -380,61 +378,14 @@ const FCTL: usize = 384;
 /// Per local rank: `ready`, `reduced`, `done` generation counters on their own cache lines,
 /// its pid, and the call descriptor of each slot.
 struct FlagSeg {
-    base: *mut u8,
-    len: usize,
-}
-
-// SAFETY: a shared mapping accessed through atomics (flags) and copies (descriptors).
-unsafe impl Send for FlagSeg {}
-
-impl Drop for FlagSeg {
-    fn drop(&mut self) {
-        // SAFETY: base/len came from a successful mmap.
-        unsafe {
-            libc::munmap(self.base as *mut libc::c_void, self.len);
-        }
-    }
+    seg: super::shm::Segment,
 }
 
 impl FlagSeg {
     fn map(path: &std::path::Path, l: usize, create: bool) -> io::Result<FlagSeg> {
         let len = FHDR + l * FCTL;
-        let f = if create {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)?;
-            f.set_len(len as u64)?;
-            f
-        } else {
-            let f = OpenOptions::new().read(true).write(true).open(path)?;
-            if f.metadata()?.len() < len as u64 {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "GPU flag segment too small",
-                ));
-            }
-            f
-        };
-        // SAFETY: mapping a regular file of at least `len` bytes.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let s = FlagSeg {
-            base: p as *mut u8,
-            len,
-        };
+        let seg = super::shm::Segment::map(path, len, create)?;
+        let s = FlagSeg { seg };
         if create {
             s.at::<AtomicU64>(0).store(FMAGIC, Ordering::Release);
         } else if s.at::<AtomicU64>(0).load(Ordering::Acquire) != FMAGIC {
@@ -446,9 +397,9 @@ impl FlagSeg {
         Ok(s)
     }
     fn at<T>(&self, off: usize) -> &T {
-        debug_assert!(off + std::mem::size_of::<T>() <= self.len);
+        debug_assert!(off + std::mem::size_of::<T>() <= self.seg.len());
         // SAFETY: offsets are inside the mapping and 8-aligned; atomics accept any bits.
-        unsafe { &*(self.base.add(off) as *const T) }
+        unsafe { &*(self.seg.base().add(off) as *const T) }
     }
     fn ready(&self, i: usize) -> &AtomicU64 {
         self.at(FHDR + i * FCTL)
@@ -464,7 +415,7 @@ impl FlagSeg {
     }
     fn desc(&self, i: usize, slot: usize) -> *mut u8 {
         // SAFETY: bytes 256..384 of the control block.
-        unsafe { self.base.add(FHDR + i * FCTL + 256 + slot * DESC) }
+        unsafe { self.seg.base().add(FHDR + i * FCTL + 256 + slot * DESC) }
     }
     fn alive(&self, i: usize) -> bool {
         let pid = self.pid(i).load(Ordering::Acquire);

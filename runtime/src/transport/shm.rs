@@ -38,6 +38,7 @@ pub struct Segment {
     base: *mut u8,
     len: usize,
 }
+// SAFETY: a shared mapping; all concurrent access goes through atomics or is ordered by them.
 unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
@@ -51,7 +52,16 @@ impl Drop for Segment {
 }
 
 impl Segment {
-    fn map(path: &Path, len: usize, create: bool) -> std::io::Result<Segment> {
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Create (`create`: new file, zero-filled) or open a file of at least `len` bytes and map
+    /// it shared, read-write.
+    pub(crate) fn map(path: &Path, len: usize, create: bool) -> std::io::Result<Segment> {
         let f = if create {
             let f = OpenOptions::new()
                 .read(true)
@@ -149,11 +159,11 @@ impl Node {
         if create {
             // SAFETY: header is inside the mapping; the file was zero-filled by set_len.
             unsafe {
-                std::ptr::write(node.seg.base as *mut u64, MAGIC);
+                std::ptr::write(node.seg.base() as *mut u64, MAGIC);
             }
         } else {
             // SAFETY: as above.
-            let m = unsafe { std::ptr::read_volatile(node.seg.base as *const u64) };
+            let m = unsafe { std::ptr::read_volatile(node.seg.base() as *const u64) };
             if m != MAGIC {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
@@ -166,10 +176,10 @@ impl Node {
     }
 
     fn at<T>(&self, off: usize) -> &T {
-        debug_assert!(off + std::mem::size_of::<T>() <= self.seg.len);
+        debug_assert!(off + std::mem::size_of::<T>() <= self.seg.len());
         // SAFETY: offsets computed from the geometry stay inside the mapping; atomics are
         // valid for any bit pattern and are aligned (all offsets are multiples of 8).
-        unsafe { &*(self.seg.base.add(off) as *const T) }
+        unsafe { &*(self.seg.base().add(off) as *const T) }
     }
     fn ready(&self, i: usize) -> &AtomicU64 {
         self.at(self.geo.ctl_off(i))
@@ -184,11 +194,11 @@ impl Node {
     /// runs ahead into the next call cannot overwrite what a slower peer is about to compare).
     fn desc_ptr(&self, i: usize, slot: usize) -> *mut u8 {
         // SAFETY: bytes 256..384 of the control block.
-        unsafe { self.seg.base.add(self.geo.ctl_off(i) + 256 + slot * DESC) }
+        unsafe { self.seg.base().add(self.geo.ctl_off(i) + 256 + slot * DESC) }
     }
     fn stage(&self, i: usize, slot: usize) -> *mut u8 {
         // SAFETY: inside the mapping.
-        unsafe { self.seg.base.add(self.geo.stage_off(i, slot)) }
+        unsafe { self.seg.base().add(self.geo.stage_off(i, slot)) }
     }
     /// The part of a staging slot used by chunked collectives (after the small header line).
     fn chunk_area(&self, i: usize, slot: usize) -> *mut u8 {
@@ -199,7 +209,7 @@ impl Node {
         let off = self.geo.ring_off(from, to);
         // SAFETY: inside the mapping.
         (self.at(off), self.at(off + 64), unsafe {
-            self.seg.base.add(off + RING_HDR)
+            self.seg.base().add(off + RING_HDR)
         })
     }
 

@@ -41,13 +41,22 @@ struct Opts {
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts { hosts: 2, rails: 2, rate: None, state: None, positional: Vec::new(), rest: Vec::new() };
+    let mut o = Opts {
+        hosts: 2,
+        rails: 2,
+        rate: None,
+        state: None,
+        positional: Vec::new(),
+        rest: Vec::new(),
+    };
     let mut i = 0;
     while i < args.len() {
         let a = args[i].as_str();
         let mut val = |name: &str| -> Result<String, String> {
             i += 1;
-            args.get(i).cloned().ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
+            args.get(i)
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
         };
         match a {
             "--hosts" => o.hosts = val(a)?.parse().map_err(|e| format!("--hosts: {e}"))?,
@@ -68,42 +77,76 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 }
 
 fn run(args: Vec<String>) -> Result<ExitCode, String> {
-    let Some((cmd, rest)) = args.split_first() else { return Err(USAGE.to_string()) };
+    let Some((cmd, rest)) = args.split_first() else {
+        return Err(USAGE.to_string());
+    };
     let o = parse(rest)?;
-    let state = || o.state.clone().ok_or_else(|| format!("--state DIR is required\n{USAGE}"));
+    let state = || {
+        o.state
+            .clone()
+            .ok_or_else(|| format!("--state DIR is required\n{USAGE}"))
+    };
     match cmd.as_str() {
         "up" => {
             let dir = state()?;
             Cluster::available()?;
             let t = std::time::Instant::now();
             let c = Cluster::up_with(
-                ClusterSpec { hosts: o.hosts, rails: o.rails, rail_rate: o.rate.clone() },
-                UpOptions { dir: Some(dir), detached: true },
+                ClusterSpec {
+                    hosts: o.hosts,
+                    rails: o.rails,
+                    rail_rate: o.rate.clone(),
+                },
+                UpOptions {
+                    dir: Some(dir),
+                    detached: true,
+                },
             )?;
-            let me = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or("emucluster".into());
+            let me = std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or("emucluster".into());
             let d = c.dir().display().to_string();
             print!("{}", c.describe());
             println!("up in {:.2}s. Enter a host:", t.elapsed().as_secs_f64());
             println!("  {me} exec --state {d} n1                 # interactive shell on n1");
-            println!("  {me} exec --state {d} head -- {} n1 hostname", c.ssh_command());
-            println!("  nsenter -t {} -n -u -m bash            # same as exec head", c.holder_pid("head"));
-            println!("ssh config: {}   hostfile: {}", c.ssh_config().display(), c.hostfile(1)?.display());
+            println!(
+                "  {me} exec --state {d} head -- {} n1 hostname",
+                c.ssh_command()
+            );
+            println!(
+                "  nsenter -t {} -n -u -m bash            # same as exec head",
+                c.holder_pid("head")
+            );
+            println!(
+                "ssh config: {}   hostfile: {}",
+                c.ssh_config().display(),
+                c.hostfile(1)?.display()
+            );
             println!("tear down:  {me} down --state {d}");
             c.detach()?;
             Ok(ExitCode::SUCCESS)
         }
         "exec" => {
             let c = Cluster::attach(&state()?)?;
-            let host = o.positional.first().ok_or_else(|| format!("exec needs a HOST\n{USAGE}"))?;
+            let host = o
+                .positional
+                .first()
+                .ok_or_else(|| format!("exec needs a HOST\n{USAGE}"))?;
             let argv: Vec<String> = if o.rest.is_empty() {
                 vec![std::env::var("SHELL").unwrap_or_else(|_| "/bin/bash".into())]
             } else {
                 o.rest.clone()
             };
             if !c.host_names().contains(host) && host != "head" {
-                return Err(format!("unknown host {host:?} (have head, {})", c.host_names().join(", ")));
+                return Err(format!(
+                    "unknown host {host:?} (have head, {})",
+                    c.host_names().join(", ")
+                ));
             }
-            let st = c.exec_os(host, &argv).status().map_err(|e| format!("nsenter: {e}"))?;
+            let st = c
+                .exec_os(host, &argv)
+                .status()
+                .map_err(|e| format!("nsenter: {e}"))?;
             Ok(ExitCode::from(st.code().unwrap_or(128) as u8))
         }
         "info" => {

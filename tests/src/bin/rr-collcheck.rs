@@ -37,7 +37,11 @@ fn avg<T: Element>(sum: i64, n: usize) -> T {
         // the same computation the library does: one division of the exact sum
         let s = T::from_i64(sum);
         let mut b = [s];
-        railring_collectives::kernels::finish_avg(T::DTYPE, railring_collectives::as_bytes_mut(&mut b), n);
+        railring_collectives::kernels::finish_avg(
+            T::DTYPE,
+            railring_collectives::as_bytes_mut(&mut b),
+            n,
+        );
         b[0]
     } else {
         T::from_i64(sum / n as i64)
@@ -72,47 +76,79 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
             let input: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
             let mut buf = input.clone();
             c.all_reduce(&mut buf, op).unwrap();
-            check(&format!("all_reduce {ty} {op} {count}"), &buf, |i| Some(expect::<T>(n, i, op)));
+            check(&format!("all_reduce {ty} {op} {count}"), &buf, |i| {
+                Some(expect::<T>(n, i, op))
+            });
             let mut out = vec![T::default(); count];
             c.all_reduce_into(&input, &mut out, op).unwrap();
-            check(&format!("all_reduce_into {ty} {op} {count}"), &out, |i| Some(expect::<T>(n, i, op)));
+            check(&format!("all_reduce_into {ty} {op} {count}"), &out, |i| {
+                Some(expect::<T>(n, i, op))
+            });
             // reduce-scatter: count per block
-            let rs_in: Vec<T> = (0..count * n).map(|i| T::from_i64(val(me, i, op))).collect();
+            let rs_in: Vec<T> = (0..count * n)
+                .map(|i| T::from_i64(val(me, i, op)))
+                .collect();
             let mut rs_out = vec![T::default(); count];
             c.reduce_scatter(&rs_in, &mut rs_out, op).unwrap();
-            check(&format!("reduce_scatter {ty} {op} {count}"), &rs_out, |i| Some(expect::<T>(n, me * count + i, op)));
+            check(&format!("reduce_scatter {ty} {op} {count}"), &rs_out, |i| {
+                Some(expect::<T>(n, me * count + i, op))
+            });
             for root in [0, n - 1] {
                 let mut red = vec![T::default(); count];
                 c.reduce(&input, &mut red, op, root).unwrap();
                 if me == root {
-                    check(&format!("reduce {ty} {op} {count} root {root}"), &red, |i| Some(expect::<T>(n, i, op)));
+                    check(
+                        &format!("reduce {ty} {op} {count} root {root}"),
+                        &red,
+                        |i| Some(expect::<T>(n, i, op)),
+                    );
                 }
             }
         }
         let op = ReduceOp::Sum;
         // all-gather
-        let mine: Vec<T> = (0..count).map(|i| T::from_i64(val(me, me * count + i, op))).collect();
+        let mine: Vec<T> = (0..count)
+            .map(|i| T::from_i64(val(me, me * count + i, op)))
+            .collect();
         let mut all = vec![T::default(); count * n];
         c.all_gather(&mine, &mut all).unwrap();
-        check(&format!("all_gather {ty} {count}"), &all, |i| Some(T::from_i64(val(i / count, i, op))));
+        check(&format!("all_gather {ty} {count}"), &all, |i| {
+            Some(T::from_i64(val(i / count, i, op)))
+        });
         // broadcast from every root
         for root in 0..n {
-            let mut b: Vec<T> = if me == root { (0..count).map(|i| T::from_i64(val(root, i, op))).collect() } else { vec![T::default(); count] };
+            let mut b: Vec<T> = if me == root {
+                (0..count).map(|i| T::from_i64(val(root, i, op))).collect()
+            } else {
+                vec![T::default(); count]
+            };
             c.broadcast(&mut b, root).unwrap();
-            check(&format!("broadcast {ty} {count} root {root}"), &b, |i| Some(T::from_i64(val(root, i, op))));
+            check(&format!("broadcast {ty} {count} root {root}"), &b, |i| {
+                Some(T::from_i64(val(root, i, op)))
+            });
         }
         // all-to-all: block j of rank r holds val(r, j*count + t)
-        let a2a_in: Vec<T> = (0..count * n).map(|i| T::from_i64(val(me, i, op))).collect();
+        let a2a_in: Vec<T> = (0..count * n)
+            .map(|i| T::from_i64(val(me, i, op)))
+            .collect();
         let mut a2a_out = vec![T::default(); count * n];
         c.all_to_all(&a2a_in, &mut a2a_out).unwrap();
-        check(&format!("all_to_all {ty} {count}"), &a2a_out, |i| Some(T::from_i64(val(i / count.max(1), me * count + i % count.max(1), op))));
+        check(&format!("all_to_all {ty} {count}"), &a2a_out, |i| {
+            Some(T::from_i64(val(
+                i / count.max(1),
+                me * count + i % count.max(1),
+                op,
+            )))
+        });
         // send/recv around the ring, and send_recv
         let next = (me + 1) % n;
         let prev = (me + n - 1) % n;
         let s: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
         let mut r = vec![T::default(); count];
         c.send_recv(&s, next, &mut r, prev).unwrap();
-        check(&format!("send_recv {ty} {count}"), &r, |i| Some(T::from_i64(val(prev, i, op))));
+        check(&format!("send_recv {ty} {count}"), &r, |i| {
+            Some(T::from_i64(val(prev, i, op)))
+        });
         if n > 1 {
             if me % 2 == 0 {
                 if next != me {
@@ -123,7 +159,9 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
                 c.recv(&mut r, prev).unwrap();
                 c.send(&s, next).unwrap();
             }
-            check(&format!("send/recv {ty} {count}"), &r, |i| Some(T::from_i64(val(prev, i, op))));
+            check(&format!("send/recv {ty} {count}"), &r, |i| {
+                Some(T::from_i64(val(prev, i, op)))
+            });
         }
     }
 }
@@ -141,7 +179,15 @@ fn main() {
     let (n, me) = (c.size(), c.rank());
     match mode {
         "all" => {
-            let sizes = [0usize, 1, n.saturating_sub(1).max(1), n + 1, 13, 1000, 70_001];
+            let sizes = [
+                0usize,
+                1,
+                n.saturating_sub(1).max(1),
+                n + 1,
+                13,
+                1000,
+                70_001,
+            ];
             suite::<f32>(&c, &sizes);
             suite::<i32>(&c, &[0, 1, 7, 1000]);
             suite::<f16>(&c, &[1, 7, 1000]);
@@ -153,7 +199,16 @@ fn main() {
             suite::<i64>(&c, &[5]);
             suite::<u64>(&c, &[5, 70_001]);
             // non-blocking: several in flight, computing meanwhile, waited in order
-            let ops: Vec<_> = (0..4).map(|k| c.all_reduce_start((0..1000 + k).map(|i| val(me, i, ReduceOp::Sum) as f32).collect::<Vec<f32>>(), ReduceOp::Sum)).collect();
+            let ops: Vec<_> = (0..4)
+                .map(|k| {
+                    c.all_reduce_start(
+                        (0..1000 + k)
+                            .map(|i| val(me, i, ReduceOp::Sum) as f32)
+                            .collect::<Vec<f32>>(),
+                        ReduceOp::Sum,
+                    )
+                })
+                .collect();
             let mut busy = 0u64;
             for i in 0..100_000u64 {
                 busy = busy.wrapping_add(i * i);
@@ -162,12 +217,17 @@ fn main() {
             for (k, p) in ops.into_iter().enumerate() {
                 let b = p.wait().unwrap();
                 assert_eq!(b.len(), 1000 + k);
-                check("all_reduce_start", &b, |i| Some(expect::<f32>(n, i, ReduceOp::Sum)));
+                check("all_reduce_start", &b, |i| {
+                    Some(expect::<f32>(n, i, ReduceOp::Sum))
+                });
             }
             c.barrier().unwrap();
             c.barrier_start().wait().unwrap();
             // split: even and odd ranks, reversed order by key
-            let sub = c.split(Some((me % 2) as u32), -(me as i64)).unwrap().expect("member");
+            let sub = c
+                .split(Some((me % 2) as u32), -(me as i64))
+                .unwrap()
+                .expect("member");
             let members: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).rev().collect();
             assert_eq!(sub.size(), members.len());
             assert_eq!(members[sub.rank()], me);
@@ -177,18 +237,36 @@ fn main() {
             check("split all_reduce", &b, |_| Some(want));
             let none = c.split(if me == 0 { None } else { Some(0) }, 0).unwrap();
             assert_eq!(none.is_none(), me == 0);
-            println!("OK rank {me} of {n} (node {}/{}, local {}/{})", c.node(), c.nnodes(), c.local_rank(), c.local_size());
+            println!(
+                "OK rank {me} of {n} (node {}/{}, local {}/{})",
+                c.node(),
+                c.nnodes(),
+                c.local_rank(),
+                c.local_size()
+            );
         }
         "allreduce" => {
             let count: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 20);
-            let mut b: Vec<f32> = (0..count).map(|i| val(me, i, ReduceOp::Sum) as f32).collect();
+            let mut b: Vec<f32> = (0..count)
+                .map(|i| val(me, i, ReduceOp::Sum) as f32)
+                .collect();
             for _ in 0..3 {
-                b = (0..count).map(|i| val(me, i, ReduceOp::Sum) as f32).collect();
+                b = (0..count)
+                    .map(|i| val(me, i, ReduceOp::Sum) as f32)
+                    .collect();
                 c.all_reduce(&mut b, ReduceOp::Sum).unwrap();
             }
-            check("allreduce", &b, |i| Some(expect::<f32>(n, i, ReduceOp::Sum)));
+            check("allreduce", &b, |i| {
+                Some(expect::<f32>(n, i, ReduceOp::Sum))
+            });
             let (rail, name) = c.rail();
-            println!("OK rank {me} of {n} node {} local {} rail {rail} {} net_bytes {}", c.node(), c.local_rank(), name.unwrap_or_default(), c.net_bytes_sent());
+            println!(
+                "OK rank {me} of {n} node {} local {} rail {rail} {} net_bytes {}",
+                c.node(),
+                c.local_rank(),
+                name.unwrap_or_default(),
+                c.net_bytes_sent()
+            );
         }
         "mismatch" => {
             let count = if me == 1 { 20 } else { 10 };
@@ -217,7 +295,10 @@ fn main() {
             match c.all_reduce(&mut b, ReduceOp::Sum) {
                 Ok(()) => println!("rank {me}: no error"),
                 Err(e) => {
-                    println!("rank {me}: ERROR after {:.1}s: {e}", t.elapsed().as_secs_f64());
+                    println!(
+                        "rank {me}: ERROR after {:.1}s: {e}",
+                        t.elapsed().as_secs_f64()
+                    );
                     std::process::exit(3);
                 }
             }

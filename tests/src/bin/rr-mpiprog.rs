@@ -29,7 +29,9 @@ fn check_all_reduce(c: &Communicator, what: &str) -> Result<(), String> {
     let (me, n) = (c.rank(), c.size());
     for &len in SIZES {
         let input: Vec<f32> = (0..len).map(|i| value(me, i)).collect();
-        let want: Vec<f32> = (0..len).map(|i| (0..n).map(|r| value(r, i)).sum()).collect();
+        let want: Vec<f32> = (0..len)
+            .map(|i| (0..n).map(|r| value(r, i)).sum())
+            .collect();
         let mut inplace = input.clone();
         c.all_reduce(&mut inplace, ReduceOp::Sum)
             .map_err(|e| format!("{what}: all_reduce of {len}: {e}"))?;
@@ -37,7 +39,9 @@ fn check_all_reduce(c: &Communicator, what: &str) -> Result<(), String> {
         c.all_reduce_into(&input, &mut out, ReduceOp::Sum)
             .map_err(|e| format!("{what}: all_reduce_into of {len}: {e}"))?;
         for (kind, got) in [("in-place", &inplace), ("out-of-place", &out)] {
-            let wrong: Vec<usize> = (0..len).filter(|&i| got[i].to_bits() != want[i].to_bits()).collect();
+            let wrong: Vec<usize> = (0..len)
+                .filter(|&i| got[i].to_bits() != want[i].to_bits())
+                .collect();
             if let Some(&i) = wrong.first() {
                 return Err(format!(
                     "{what}: {kind} all_reduce of {len} f32: {} wrong elements, first [{i}] = {} (want {})",
@@ -52,7 +56,10 @@ fn check_all_reduce(c: &Communicator, what: &str) -> Result<(), String> {
 }
 
 fn expect_env_rank(c: &Communicator) -> Result<(), String> {
-    for (var, mine) in [("OMPI_COMM_WORLD_RANK", c.rank()), ("OMPI_COMM_WORLD_SIZE", c.size())] {
+    for (var, mine) in [
+        ("OMPI_COMM_WORLD_RANK", c.rank()),
+        ("OMPI_COMM_WORLD_SIZE", c.size()),
+    ] {
         if let Ok(v) = std::env::var(var) {
             if v.trim() != mine.to_string() {
                 return Err(format!("{var}={v} but the communicator says {mine}"));
@@ -96,9 +103,16 @@ fn run(mode: &str) -> Result<(usize, usize, usize), String> {
                 ));
             }
             expect_env_rank(&a)?;
-            let b = Communicator::init().map_err(|e| format!("Communicator::init with MPI initialized: {e}"))?;
+            let b = Communicator::init()
+                .map_err(|e| format!("Communicator::init with MPI initialized: {e}"))?;
             if b.rank() != a.rank() || b.size() != a.size() {
-                return Err(format!("init(): rank {} of {} vs from_mpi {} of {}", b.rank(), b.size(), a.rank(), a.size()));
+                return Err(format!(
+                    "init(): rank {} of {} vs from_mpi {} of {}",
+                    b.rank(),
+                    b.size(),
+                    a.rank(),
+                    a.size()
+                ));
             }
             if mpi::environment::is_finalized() {
                 return Err("init() finalized the program's own MPI".into());
@@ -111,7 +125,10 @@ fn run(mode: &str) -> Result<(usize, usize, usize), String> {
             world.all_reduce_into(&(a.rank() as i64 + 1), &mut s, SystemOperation::sum());
             let n = a.size() as i64;
             if s != n * (n + 1) / 2 {
-                return Err(format!("MPI_Allreduce after railring: {s}, want {}", n * (n + 1) / 2));
+                return Err(format!(
+                    "MPI_Allreduce after railring: {s}, want {}",
+                    n * (n + 1) / 2
+                ));
             }
             let r = (a.rank(), a.size(), a.nnodes());
             drop(a);
@@ -127,10 +144,15 @@ fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
     match run(&mode) {
         Ok((rank, size, nodes)) => {
-            println!("OK rank {rank} of {size} mode {mode} nodes {nodes} host {}", railring::host::hostname());
+            println!(
+                "OK rank {rank} of {size} mode {mode} nodes {nodes} host {}",
+                railring::host::hostname()
+            );
         }
         Err(e) => {
-            let r = std::env::var("OMPI_COMM_WORLD_RANK").or_else(|_| std::env::var("PMI_RANK")).unwrap_or_else(|_| "?".into());
+            let r = std::env::var("OMPI_COMM_WORLD_RANK")
+                .or_else(|_| std::env::var("PMI_RANK"))
+                .unwrap_or_else(|_| "?".into());
             eprintln!("FAIL rank {r}: {e}");
             std::process::exit(1);
         }

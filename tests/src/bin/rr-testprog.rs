@@ -62,7 +62,11 @@ fn hostname() -> String {
 }
 
 fn secs(s: Option<&String>) -> Duration {
-    Duration::from_secs_f64(s.and_then(|s| s.parse::<f64>().ok()).unwrap_or(60.0).clamp(0.0, 1e6))
+    Duration::from_secs_f64(
+        s.and_then(|s| s.parse::<f64>().ok())
+            .unwrap_or(60.0)
+            .clamp(0.0, 1e6),
+    )
 }
 
 fn num(s: Option<&String>, what: &str) -> i64 {
@@ -91,7 +95,11 @@ fn main() {
                     out.push_str(&format!("{k}={v}\n"));
                 }
             }
-            out.push_str(&format!("HOST={}\nPID={}\n", hostname(), std::process::id()));
+            out.push_str(&format!(
+                "HOST={}\nPID={}\n",
+                hostname(),
+                std::process::id()
+            ));
             print!("{out}");
         }
         "exit" => std::process::exit(num(args.get(1), "exit code") as i32),
@@ -113,7 +121,9 @@ fn main() {
         "lines" => {
             let n = num(args.get(1), "line count").max(0) as usize;
             let r = rank();
-            let payload: String = (0..300).map(|i| (b'a' + ((i + r) % 26) as u8) as char).collect();
+            let payload: String = (0..300)
+                .map(|i| (b'a' + ((i + r) % 26) as u8) as char)
+                .collect();
             let out = std::io::stdout();
             let err = std::io::stderr();
             for i in 0..n {
@@ -158,8 +168,12 @@ fn main() {
             use std::os::unix::process::CommandExt;
             let exe = std::env::current_exe().expect("current_exe");
             let mut c = std::process::Command::new(exe);
-            c.arg("sleep").arg(args.get(1).cloned().unwrap_or_else(|| "60".into())).args(args.iter().skip(2));
-            c.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+            c.arg("sleep")
+                .arg(args.get(1).cloned().unwrap_or_else(|| "60".into()))
+                .args(args.iter().skip(2));
+            c.stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
             // SAFETY: setsid is async-signal-safe.
             unsafe {
                 c.pre_exec(|| {
@@ -188,18 +202,33 @@ fn store() {
         eprintln!("rr-testprog store: rank {r}: {what}: {e}");
         std::process::exit(4)
     };
-    let c = StoreClient::connect(&addr, &secret, Duration::from_secs(10)).unwrap_or_else(|e| fail("connect", &e));
+    let c = StoreClient::connect(&addr, &secret, Duration::from_secs(10))
+        .unwrap_or_else(|e| fail("connect", &e));
     let n = c.add("count", 1).unwrap_or_else(|e| fail("add", &e));
-    c.set(&format!("rank/{r}"), format!("hello from rank {r} on {}", hostname()).as_bytes())
-        .unwrap_or_else(|e| fail("set", &e));
+    c.set(
+        &format!("rank/{r}"),
+        format!("hello from rank {r} on {}", hostname()).as_bytes(),
+    )
+    .unwrap_or_else(|e| fail("set", &e));
     let keys: Vec<String> = (0..world).map(|i| format!("rank/{i}")).collect();
-    c.wait(&keys, Duration::from_secs(30)).unwrap_or_else(|e| fail("wait", &e));
+    c.wait(&keys, Duration::from_secs(30))
+        .unwrap_or_else(|e| fail("wait", &e));
     let mut out = format!("STORE rank={r} add={n}\n");
     for k in &keys {
-        let v = c.get(k, Duration::from_secs(5)).unwrap_or_else(|e| fail("get", &e));
-        out.push_str(&format!("STORE rank={r} {k}={}\n", String::from_utf8_lossy(&v)));
+        let v = c
+            .get(k, Duration::from_secs(5))
+            .unwrap_or_else(|e| fail("get", &e));
+        out.push_str(&format!(
+            "STORE rank={r} {k}={}\n",
+            String::from_utf8_lossy(&v)
+        ));
     }
-    let total = c.get("count", Duration::from_secs(5)).unwrap_or_else(|e| fail("get count", &e));
-    out.push_str(&format!("STORE rank={r} count={}\n", String::from_utf8_lossy(&total)));
+    let total = c
+        .get("count", Duration::from_secs(5))
+        .unwrap_or_else(|e| fail("get count", &e));
+    out.push_str(&format!(
+        "STORE rank={r} count={}\n",
+        String::from_utf8_lossy(&total)
+    ));
     print!("{out}");
 }
