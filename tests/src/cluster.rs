@@ -337,6 +337,10 @@ fn rail_addr_of(index: usize, rail: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 77, (10 + rail) as u8, (10 + index) as u8)
 }
 
+fn bad_unit(rate: &str) -> String {
+    format!("bad rail rate {rate:?}: unit must be bit/kbit/mbit/gbit/tbit or bps/kbps/mbps/gbps")
+}
+
 /// Parse a tc rate ("1gbit", "500mbit", "100mbps", "1000000") into bytes/s.
 fn rate_bytes_per_sec(rate: &str) -> Result<f64, String> {
     let r = rate.trim().to_ascii_lowercase();
@@ -356,9 +360,7 @@ fn rate_bytes_per_sec(rate: &str) -> Result<f64, String> {
         "mbps" => 8e6,
         "gbps" => 8e9,
         "tbps" => 8e12,
-        _ => return Err(format!(
-            "bad rail rate {rate:?}: unit must be bit/kbit/mbit/gbit/tbit or bps/kbps/mbps/gbps"
-        )),
+        _ => return Err(bad_unit(rate)),
     };
     let bps = n * bits_mult / 8.0;
     if bps < 1000.0 {
