@@ -322,3 +322,71 @@ mod tests {
         assert_eq!(avg, [3, -4, 4]);
     }
 }
+
+/// Copy `n` bytes with non-temporal (streaming) stores where the CPU has them: the destination
+/// lines are written without first being read into the cache. For large copies into memory that
+/// is not cached (an out-of-place result buffer) this saves the read-for-ownership pass, about a
+/// third of the memory traffic. Small copies and unaligned heads/tails use a plain copy.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of `n` bytes; the ranges do not overlap.
+pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        if n >= 4096 {
+            let head = dst.align_offset(16).min(n);
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            let body = (n - head) & !63;
+            let (mut d, mut s) = (dst.add(head), src.add(head));
+            let end = d.add(body);
+            while d < end {
+                // SSE2 is part of the x86_64 baseline.
+                let a = _mm_loadu_si128(s as *const __m128i);
+                let b = _mm_loadu_si128(s.add(16) as *const __m128i);
+                let c = _mm_loadu_si128(s.add(32) as *const __m128i);
+                let e = _mm_loadu_si128(s.add(48) as *const __m128i);
+                _mm_stream_si128(d as *mut __m128i, a);
+                _mm_stream_si128(d.add(16) as *mut __m128i, b);
+                _mm_stream_si128(d.add(32) as *mut __m128i, c);
+                _mm_stream_si128(d.add(48) as *mut __m128i, e);
+                d = d.add(64);
+                s = s.add(64);
+            }
+            std::ptr::copy_nonoverlapping(s, d, n - head - body);
+            // streaming stores are weakly ordered: fence before anyone is told the data is there
+            _mm_sfence();
+            return;
+        }
+    }
+    std::ptr::copy_nonoverlapping(src, dst, n);
+}
+
+#[cfg(test)]
+mod streaming_tests {
+    #[test]
+    fn streaming_copy_matches_for_every_alignment_and_length() {
+        let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for off_s in [0usize, 1, 5, 16] {
+            for off_d in [0usize, 3, 8, 15] {
+                for n in [0usize, 1, 63, 4095, 4096, 4097, 10_007, 19_000] {
+                    let mut dst = vec![0xAAu8; 20_100];
+                    unsafe {
+                        super::copy_streaming(
+                            dst.as_mut_ptr().add(off_d),
+                            src.as_ptr().add(off_s),
+                            n,
+                        )
+                    };
+                    assert_eq!(
+                        &dst[off_d..off_d + n],
+                        &src[off_s..off_s + n],
+                        "s{off_s} d{off_d} n{n}"
+                    );
+                    assert!(dst[..off_d].iter().all(|&b| b == 0xAA));
+                    assert!(dst[off_d + n..].iter().all(|&b| b == 0xAA));
+                }
+            }
+        }
+    }
+}

@@ -198,6 +198,14 @@ fn main() {
             suite::<u32>(&c, &[5]);
             suite::<i64>(&c, &[5]);
             suite::<u64>(&c, &[5, 70_001]);
+            // a large out-of-place all-reduce (results written with streaming stores)
+            let big = 3 << 20;
+            let input: Vec<f32> = (0..big).map(|i| val(me, i, ReduceOp::Sum) as f32).collect();
+            let mut out = vec![0f32; big];
+            c.all_reduce_into(&input, &mut out, ReduceOp::Sum).unwrap();
+            check("large all_reduce_into", &out, |i| {
+                Some(expect::<f32>(n, i, ReduceOp::Sum))
+            });
             // non-blocking: several in flight, computing meanwhile, waited in order
             let ops: Vec<_> = (0..4)
                 .map(|k| {
