@@ -25,6 +25,9 @@ pub struct PeerInfo {
     pub hostname: String,
     pub pid: u32,
     pub addrs: Vec<RailAddr>,
+    /// The kernel's boot id (ranks on one machine share its CPUs, whatever their namespaces).
+    #[serde(default)]
+    pub kernel: String,
 }
 
 /// Limit on the world description read from the store.
@@ -371,6 +374,7 @@ impl Communicator {
             hostname: host::hostname(),
             pid: std::process::id(),
             addrs: vec![],
+            kernel: host::kernel_id(),
         };
         let peers = Arc::new(vec![me]);
         Ok(Self::assemble(
@@ -413,6 +417,7 @@ impl Communicator {
             hostname: host::hostname(),
             pid: std::process::id(),
             addrs: net.addrs.clone(),
+            kernel: host::kernel_id(),
         };
         let comm = 1u64;
         let js = serde_json::to_vec(&me).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -446,6 +451,16 @@ impl Communicator {
                 peers.len()
             )));
         }
+        // Ranks on this kernel share its CPUs even when they are different "nodes" (network
+        // namespaces, containers): more of them than CPUs means waits must yield, not spin.
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let here = peers
+            .iter()
+            .filter(|p| !p.kernel.is_empty() && p.kernel == peers[rank].kernel)
+            .count();
+        crate::transport::set_oversubscribed(here > cpus);
         let peers = Arc::new(peers);
         Self::build(
             rank,
@@ -574,7 +589,9 @@ impl Communicator {
         let sharers: Vec<usize> = (0..bindings.len())
             .filter(|&i| bindings[i].cpus == me.cpus)
             .collect();
-        let cpus = if !me.cpus.is_empty() && sharers.len() > me.cpus.len() {
+        let cpus = if !me.cpus.is_empty()
+            && (sharers.len() > me.cpus.len() || crate::transport::oversubscribed())
+        {
             let k = sharers.iter().position(|&i| i == local_rank).unwrap_or(0);
             let c = vec![me.cpus[k % me.cpus.len()]];
             tracing::info!(target: "railring::topo", rank, "{} local ranks share CPUs {}: oversubscribed, pinned to CPU {}", sharers.len(), crate::topology::format_cpulist(&me.cpus), c[0]);

@@ -28,6 +28,14 @@ pub fn host_id() -> String {
     format!("{hostname}/{boot}/{netns}")
 }
 
+/// This kernel's boot id: processes in different network namespaces of one machine (emulated
+/// hosts, containers) share it — and share its CPUs.
+pub fn kernel_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 pub fn hostname() -> String {
     nix::unistd::gethostname()
         .ok()

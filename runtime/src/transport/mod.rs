@@ -145,6 +145,18 @@ pub trait NodeFabric: Send {
     }
 }
 
+static OVERSUBSCRIBED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Record whether this machine runs more of the job's ranks than it has CPUs (set at start-up).
+pub fn set_oversubscribed(v: bool) {
+    OVERSUBSCRIBED.store(v, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// True when ranks on this machine outnumber its CPUs: waits then yield rather than spin.
+pub fn oversubscribed() -> bool {
+    OVERSUBSCRIBED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Spin briefly, then yield, then sleep: ranks may outnumber cores, and a pure spin-wait turns
 /// an oversubscribed run into a crawl.
 pub struct Backoff {
@@ -175,6 +187,15 @@ impl Backoff {
     }
     pub fn snooze(&mut self) {
         self.n = self.n.saturating_add(1);
+        if oversubscribed() {
+            // another rank may need this very CPU: hand it over at once
+            if self.n < 2048 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+            return;
+        }
         if self.n < 128 {
             for _ in 0..32 {
                 std::hint::spin_loop();

@@ -342,7 +342,7 @@ impl ShmFabric {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let oversubscribed = node.geo.local_size > cpus;
+        let oversubscribed = node.geo.local_size > cpus || super::oversubscribed();
         let (spin_limit, yield_limit) = if oversubscribed {
             (16, 1000)
         } else {
