@@ -137,6 +137,16 @@ fn run_case(
             })
         })
         .collect();
+    // remove the segment files however this case ends (a failed assertion panics)
+    struct Cleanup(Vec<std::path::PathBuf>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    let _cleanup = Cleanup(nodes.iter().flatten().map(|(p, _)| p.clone()).collect());
     // leaders create the segments first
     let mut created = Vec::new();
     for (k, nd) in nodes.iter().enumerate() {
@@ -257,9 +267,6 @@ fn run_case(
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     drop(created);
-    for (p, _) in nodes.iter().flatten() {
-        let _ = std::fs::remove_file(p);
-    }
     // check every rank, element by element
     for (rank, got) in results {
         let expect: Vec<Option<i64>> = match kind {
