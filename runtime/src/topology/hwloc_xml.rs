@@ -17,7 +17,7 @@ use super::model::{
     is_gpu_class, is_nic_class, Builder, Gpu, Nic, NumaNode, PciKind, PciNode, Topology,
 };
 use super::util::{normalize_busid, parse_hex, parse_mask};
-use super::{xml_line, TopoError, MAX_XML_DEPTH};
+use super::{xml_line, TopoError, XmlCtx, MAX_XML_DEPTH};
 
 /// What an OS device is, independent of the format version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,29 +67,16 @@ struct Ctx<'a, 'input> {
     gp_to_gpu: HashMap<u64, String>,
 }
 
+impl<'a, 'i> XmlCtx<'a, 'i> for Ctx<'a, 'i> {
+    fn doc(&self) -> &'a Document<'i> {
+        self.doc
+    }
+    fn file(&self) -> &str {
+        self.file
+    }
+}
+
 impl Ctx<'_, '_> {
-    fn line(&self, n: Node) -> u32 {
-        xml_line(self.doc, n)
-    }
-
-    fn invalid(&self, n: Node, what: &str, expected: &str, found: &str) -> TopoError {
-        TopoError::Invalid {
-            file: self.file.to_string(),
-            line: self.line(n),
-            what: what.to_string(),
-            expected: expected.to_string(),
-            found: found.chars().take(80).collect(),
-        }
-    }
-
-    fn limit(&self, n: Node, msg: &str) -> TopoError {
-        TopoError::Limit {
-            file: self.file.to_string(),
-            line: self.line(n),
-            msg: msg.to_string(),
-        }
-    }
-
     fn mask_attr(&self, n: Node, attr: &str) -> Result<Option<Vec<usize>>, TopoError> {
         match n.attribute(attr) {
             None => Ok(None),

@@ -99,6 +99,34 @@ pub enum TopoError {
 }
 
 /// 1-based line of an XML node.
+/// Error helpers shared by the XML loaders: line numbers and file-named errors.
+pub(crate) trait XmlCtx<'a, 'i: 'a> {
+    fn doc(&self) -> &'a roxmltree::Document<'i>;
+    fn file(&self) -> &str;
+
+    fn line(&self, n: roxmltree::Node) -> u32 {
+        xml_line(self.doc(), n)
+    }
+
+    fn invalid(&self, n: roxmltree::Node, what: &str, expected: &str, found: &str) -> TopoError {
+        TopoError::Invalid {
+            file: self.file().to_string(),
+            line: self.line(n),
+            what: what.to_string(),
+            expected: expected.to_string(),
+            found: found.chars().take(80).collect(),
+        }
+    }
+
+    fn limit(&self, n: roxmltree::Node, msg: &str) -> TopoError {
+        TopoError::Limit {
+            file: self.file().to_string(),
+            line: self.line(n),
+            msg: msg.to_string(),
+        }
+    }
+}
+
 pub(crate) fn xml_line(doc: &roxmltree::Document, n: roxmltree::Node) -> u32 {
     doc.text_pos_at(n.range().start).row
 }

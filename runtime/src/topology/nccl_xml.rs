@@ -28,7 +28,7 @@ use super::model::{
     domain_of, is_gpu_class, is_nic_class, Builder, Gpu, Nic, NumaNode, PciKind, PciNode, Topology,
 };
 use super::util::{normalize_busid, parse_hex, parse_mask, pcie_link_mbps};
-use super::{xml_line, TopoError, MAX_XML_DEPTH};
+use super::{xml_line, TopoError, XmlCtx, MAX_XML_DEPTH};
 
 struct Ctx<'a, 'input> {
     doc: &'a Document<'input>,
@@ -36,27 +36,12 @@ struct Ctx<'a, 'input> {
     b: Builder,
 }
 
-impl Ctx<'_, '_> {
-    fn line(&self, n: Node) -> u32 {
-        xml_line(self.doc, n)
+impl<'a, 'i> XmlCtx<'a, 'i> for Ctx<'a, 'i> {
+    fn doc(&self) -> &'a Document<'i> {
+        self.doc
     }
-
-    fn invalid(&self, n: Node, what: &str, expected: &str, found: &str) -> TopoError {
-        TopoError::Invalid {
-            file: self.file.to_string(),
-            line: self.line(n),
-            what: what.to_string(),
-            expected: expected.to_string(),
-            found: found.chars().take(80).collect(),
-        }
-    }
-
-    fn limit(&self, n: Node, msg: &str) -> TopoError {
-        TopoError::Limit {
-            file: self.file.to_string(),
-            line: self.line(n),
-            msg: msg.to_string(),
-        }
+    fn file(&self) -> &str {
+        self.file
     }
 }
 
