@@ -432,27 +432,10 @@ impl ShmFabric {
         }
     }
 
-    /// Run one in-node collective (see [`super::NodeFabric::node_op`]). `work` is this rank's buffer; `slices[i]` = (byte offset,
-    /// byte length) owned by local index i (all ranks pass identical slices). `desc` describes
-    /// the call; peers' descriptors must match or the call fails naming both.
-    ///
-    /// # Safety
-    /// `work` must be valid for reads and writes over every slice.
-    pub unsafe fn node_op(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
-        self.node_op_from(mode, dtype, op, work, work, slices, desc, describe)
-    }
-
-    /// [`ShmFabric::node_op`] reading this rank's input from `src` (same offsets as `work`)
-    /// instead of `work`: an out-of-place call costs no extra pass over memory.
+    /// Run one in-node collective (see [`super::NodeFabric::node_op`]), reading this rank's
+    /// input from `src` (same offsets as `work`; equal to `work` in place): an out-of-place call
+    /// costs no extra pass over memory. All ranks pass identical slices; `desc` describes the
+    /// call and peers' descriptors must match or the call fails naming both.
     ///
     /// # Safety
     /// `src` valid for reads and `work` for reads and writes over every slice.
@@ -721,7 +704,7 @@ impl super::NodeFabric for ShmFabric {
         desc: &[u8; DESC],
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
-        ShmFabric::node_op(self, mode, dtype, op, work, slices, desc, describe)
+        self.node_op_from(mode, dtype, op, work, work, slices, desc, describe)
     }
     unsafe fn node_op_from(
         &mut self,
