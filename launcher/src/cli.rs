@@ -314,8 +314,10 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
     Ok(Command::Run(Box::new(o)))
 }
 
-/// Split a `--ssh` / `RAILRUN_SSH` command into words: whitespace separates, `'...'` and
-/// `"..."` quote, `\` escapes outside single quotes.
+/// Split a command string (`--ssh`, `RAILRUN_SSH`, railcompare's pass-through arguments) into
+/// words as a POSIX shell would, without expansion: whitespace separates, `'...'` quotes
+/// literally, `"..."` quotes with `\` escaping only `"`, `\`, `$` and `` ` ``, and a bare `\`
+/// escapes the next character. A string with no words is an error.
 pub fn split_words(s: &str) -> Result<Vec<String>, CliError> {
     let mut out = Vec::new();
     let mut cur = String::new();
@@ -329,7 +331,7 @@ pub fn split_words(s: &str) -> Result<Vec<String>, CliError> {
                     match it.next() {
                         Some('\'') => break,
                         Some(x) => cur.push(x),
-                        None => return err(format!("--ssh `{s}`: unterminated single quote")),
+                        None => return err(format!("unterminated ' in {s:?}")),
                     }
                 }
             }
@@ -339,21 +341,25 @@ pub fn split_words(s: &str) -> Result<Vec<String>, CliError> {
                     match it.next() {
                         Some('"') => break,
                         Some('\\') => match it.next() {
-                            Some(x) => cur.push(x),
-                            None => return err(format!("--ssh `{s}`: trailing backslash")),
+                            Some(x @ ('"' | '\\' | '$' | '`')) => cur.push(x),
+                            Some(x) => {
+                                cur.push('\\');
+                                cur.push(x);
+                            }
+                            None => return err(format!("unterminated \" in {s:?}")),
                         },
                         Some(x) => cur.push(x),
-                        None => return err(format!("--ssh `{s}`: unterminated double quote")),
+                        None => return err(format!("unterminated \" in {s:?}")),
                     }
                 }
             }
-            '\\' => match it.next() {
-                Some(x) => {
-                    have = true;
-                    cur.push(x)
+            '\\' => {
+                have = true;
+                match it.next() {
+                    Some(x) => cur.push(x),
+                    None => return err(format!("trailing backslash in {s:?}")),
                 }
-                None => return err(format!("--ssh `{s}`: trailing backslash")),
-            },
+            }
             c if c.is_whitespace() => {
                 if have {
                     out.push(std::mem::take(&mut cur));
@@ -362,7 +368,7 @@ pub fn split_words(s: &str) -> Result<Vec<String>, CliError> {
             }
             c => {
                 have = true;
-                cur.push(c)
+                cur.push(c);
             }
         }
     }
@@ -370,7 +376,7 @@ pub fn split_words(s: &str) -> Result<Vec<String>, CliError> {
         out.push(cur);
     }
     if out.is_empty() {
-        return err("--ssh: empty command");
+        return err(format!("{s:?}: empty command"));
     }
     Ok(out)
 }

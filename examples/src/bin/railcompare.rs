@@ -76,65 +76,10 @@ struct Args {
     perf: Vec<String>,
 }
 
-/// Split a string like a POSIX shell would (quotes and backslashes; no expansion).
+/// Split a string like a POSIX shell would (quotes and backslashes; no expansion): railrun's
+/// own `--ssh` splitter.
 fn split_words(s: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut have = false;
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        match c {
-            '\'' => {
-                have = true;
-                loop {
-                    match it.next() {
-                        Some('\'') => break,
-                        Some(x) => cur.push(x),
-                        None => return Err(format!("unterminated ' in {s:?}")),
-                    }
-                }
-            }
-            '"' => {
-                have = true;
-                loop {
-                    match it.next() {
-                        Some('"') => break,
-                        Some('\\') => match it.next() {
-                            Some(x @ ('"' | '\\' | '$' | '`')) => cur.push(x),
-                            Some(x) => {
-                                cur.push('\\');
-                                cur.push(x);
-                            }
-                            None => return Err(format!("unterminated \" in {s:?}")),
-                        },
-                        Some(x) => cur.push(x),
-                        None => return Err(format!("unterminated \" in {s:?}")),
-                    }
-                }
-            }
-            '\\' => {
-                have = true;
-                match it.next() {
-                    Some(x) => cur.push(x),
-                    None => return Err(format!("trailing backslash in {s:?}")),
-                }
-            }
-            c if c.is_whitespace() => {
-                if have {
-                    out.push(std::mem::take(&mut cur));
-                    have = false;
-                }
-            }
-            c => {
-                have = true;
-                cur.push(c);
-            }
-        }
-    }
-    if have {
-        out.push(cur);
-    }
-    Ok(out)
+    railrun::cli::split_words(s).map_err(|e| e.to_string())
 }
 
 fn parse_args(argv: &[String]) -> Result<Args, String> {
