@@ -3,13 +3,14 @@
 //! (a crash leaves no file behind).
 //!
 //! Layout: a header; one control block per local rank (sequence flags on separate cache lines,
-//! its pid, the descriptor of its current call); per rank two staging slots; one single-producer
+//! its pid, the descriptor of its current call); per rank three staging slots; one single-producer
 //! ring per ordered pair of local ranks for point-to-point [`ShmLink`]s.
 //!
 //! In-node collectives ([`ShmFabric::node_op`]) move data in chunks through the staging slots:
 //! each rank copies its chunk in, then **each rank reduces its own piece by reading every peer's
-//! slot directly** (no ring hops), then every rank copies the other ranks' reduced pieces out.
-//! Slots alternate, so copying chunk c+1 in overlaps peers still reducing chunk c. The staging
+//! slot directly** (no ring hops; its own piece straight from its input), then every rank copies
+//! the reduced pieces out. The all-reduce is software-pipelined: a rank copies chunk c+1 in
+//! before it waits for the peers' reductions of chunk c, so no phase waits idle. The staging
 //! slots are sized to stay in the last-level cache, so the memory traffic that reaches DRAM is
 //! about one read and one write of the user's buffer per rank.
 
@@ -26,7 +27,10 @@ use std::time::{Duration, Instant};
 
 const MAGIC: u64 = 0x5241_494c_5348_4d31; // "RAILSHM1"
 const HDR: usize = 4096;
-const CTL: usize = 384;
+const CTL: usize = 448;
+/// Staging slots per rank: the pipelined all-reduce fills slot c+1 while peers may still be
+/// copying chunk c-1's results out of another (see [`ShmFabric::allreduce_chunks`]).
+const NSLOT: usize = 3;
 const RING_HDR: usize = 128;
 /// Calls moving at least this many bytes write results with streaming stores.
 const STREAM_MIN: usize = 8 << 20;
@@ -117,11 +121,11 @@ impl Geometry {
         HDR + i * CTL
     }
     fn stage_off(&self, i: usize, slot: usize) -> usize {
-        HDR + self.local_size * CTL + (i * 2 + slot) * self.slot_bytes
+        HDR + self.local_size * CTL + (i * NSLOT + slot) * self.slot_bytes
     }
     fn ring_off(&self, from: usize, to: usize) -> usize {
         HDR + self.local_size * CTL
-            + self.local_size * 2 * self.slot_bytes
+            + self.local_size * NSLOT * self.slot_bytes
             + (from * self.local_size + to) * (RING_HDR + self.ring_bytes)
     }
     pub fn total(&self) -> usize {
@@ -195,7 +199,7 @@ impl Node {
     /// The descriptor of the call that uses staging slot `slot` (one per slot, so a rank that
     /// runs ahead into the next call cannot overwrite what a slower peer is about to compare).
     fn desc_ptr(&self, i: usize, slot: usize) -> *mut u8 {
-        // SAFETY: bytes 256..384 of the control block.
+        // SAFETY: bytes 256..448 of the control block.
         unsafe { self.seg.base().add(self.geo.ctl_off(i) + 256 + slot * DESC) }
     }
     fn stage(&self, i: usize, slot: usize) -> *mut u8 {
@@ -510,10 +514,15 @@ impl ShmFabric {
         let max_elems = max_slice / esz;
         let cap_elems = (piece_cap / esz).max(1);
         let nchunks = max_elems.div_ceil(cap_elems).max(1);
+        if mode == NodeMode::AllReduce {
+            return self.allreduce_chunks(
+                dtype, op, src, work, slices, piece_cap, nchunks, stream, desc, describe,
+            );
+        }
         for c in 0..nchunks {
             self.gen += 1;
             let g = self.gen;
-            let s = (g % 2) as usize;
+            let s = (g % NSLOT as u64) as usize;
             // piece j of this chunk: (byte offset in work, bytes)
             let piece = |j: usize| -> (usize, usize) {
                 let (off, len) = slices[j];
@@ -539,7 +548,8 @@ impl ShmFabric {
                     }
                 }
                 _ => {
-                    for j in 0..l {
+                    // our own piece is read straight from `src` by the reduction below
+                    for j in (0..l).filter(|&j| j != me) {
                         let (o, n) = piece(j);
                         std::ptr::copy_nonoverlapping(src.add(o), mine.add(j * piece_cap), n);
                     }
@@ -554,33 +564,10 @@ impl ShmFabric {
                 self.check_descs(s, desc, describe)?;
             }
             match mode {
-                NodeMode::ReduceScatter | NodeMode::AllReduce => {
+                NodeMode::ReduceScatter => {
                     let (o, n) = piece(me);
-                    let srcs: Vec<*const u8> = (0..l)
-                        .map(|j| self.node.chunk_area(j, s).add(me * piece_cap) as *const u8)
-                        .collect();
-                    let dst = if mode == NodeMode::ReduceScatter {
-                        work.add(o)
-                    } else {
-                        mine.add(me * piece_cap)
-                    };
-                    kernels::reduce_many_raw(dtype, op, dst, &srcs, n);
-                    if mode == NodeMode::AllReduce {
-                        fence(Ordering::Release);
-                        self.node.reduced(me).store(g, Ordering::SeqCst);
-                        self.node.ring_bell();
-                        self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
-                            self.node.reduced(j)
-                        })?;
-                        for j in 0..l {
-                            let (o, n) = piece(j);
-                            copy_out(
-                                work.add(o),
-                                self.node.chunk_area(j, s).add(j * piece_cap),
-                                n,
-                            );
-                        }
-                    }
+                    let srcs = self.piece_sources(s, piece_cap, src.add(o));
+                    kernels::reduce_many_raw(dtype, op, work.add(o), &srcs, n);
                 }
                 NodeMode::AllGather => {
                     for j in (0..l).filter(|&j| j != me) {
@@ -602,7 +589,114 @@ impl ShmFabric {
                         );
                     }
                 }
-                NodeMode::AllReduceSmall => unreachable!("rewritten above"),
+                NodeMode::AllReduce | NodeMode::AllReduceSmall => {
+                    unreachable!("handled above")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where local rank `me`'s piece of the current chunk lives on every local rank, in local
+    /// order (the reduction order is fixed, so results do not depend on timing): peers' copies in
+    /// their slot `s`, our own still in the caller's buffer at `own`.
+    unsafe fn piece_sources(&self, s: usize, piece_cap: usize, own: *const u8) -> Vec<*const u8> {
+        let me = self.node.me;
+        (0..self.local_size())
+            .map(|j| {
+                if j == me {
+                    own
+                } else {
+                    self.node.chunk_area(j, s).add(me * piece_cap) as *const u8
+                }
+            })
+            .collect()
+    }
+
+    /// The in-node all-reduce, software-pipelined over chunks. Per chunk c (generation g, slot
+    /// g mod 3) a rank copies the other ranks' pieces of its input into its slot and publishes
+    /// `ready`; once all are ready it reduces its own piece (peers' slots plus its own input)
+    /// into its slot and publishes `reduced`; then — before waiting for the peers' reductions —
+    /// it already copies chunk c+1 in and publishes `ready` for it; only then does it wait for
+    /// every `reduced` of chunk c and copy the reduced pieces out. Both waits thus hide behind a
+    /// copy, and memory streams without a pause between phases.
+    ///
+    /// Slot reuse: chunk c+1 goes into the slot of chunk c-2. Before writing it, this rank saw
+    /// every peer `ready` for chunk c, which a peer publishes only after copying chunk c-2 out —
+    /// its last read of our slot for chunk c-2. Across calls, the last chunk waits for every
+    /// `reduced`, which keeps the invariant the other modes rely on (see [`Self::node_op_from`]).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn allreduce_chunks(
+        &mut self,
+        dtype: DataType,
+        op: ReduceOp,
+        src: *const u8,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+        piece_cap: usize,
+        nchunks: usize,
+        stream: bool,
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        let l = self.local_size();
+        let me = self.node.me;
+        let esz = dtype.size();
+        let base = self.gen;
+        self.gen += nchunks as u64;
+        let gen_of = |c: usize| base + 1 + c as u64;
+        let slot_of = |c: usize| (gen_of(c) % NSLOT as u64) as usize;
+        let piece = |c: usize, j: usize| -> (usize, usize) {
+            let (off, len) = slices[j];
+            let (po, pl) = railring_collectives::plan::split(len / esz, nchunks, c);
+            (off + po * esz, pl * esz)
+        };
+        let node = self.node.clone();
+        let copy_in = |c: usize| {
+            let mine = node.chunk_area(me, slot_of(c));
+            for j in (0..l).filter(|&j| j != me) {
+                let (o, n) = piece(c, j);
+                std::ptr::copy_nonoverlapping(src.add(o), mine.add(j * piece_cap), n);
+            }
+            node.ready(me).store(gen_of(c), Ordering::SeqCst);
+            node.ring_bell();
+        };
+        std::ptr::copy_nonoverlapping(desc.as_ptr(), node.desc_ptr(me, slot_of(0)), DESC);
+        copy_in(0);
+        for c in 0..nchunks {
+            let (g, s) = (gen_of(c), slot_of(c));
+            self.wait_all("collective (waiting for peers' data)", g, |j| {
+                self.node.ready(j)
+            })?;
+            if c == 0 {
+                self.check_descs(s, desc, describe)?;
+            }
+            let (o, n) = piece(c, me);
+            let srcs = self.piece_sources(s, piece_cap, src.add(o));
+            kernels::reduce_many_raw(
+                dtype,
+                op,
+                node.chunk_area(me, s).add(me * piece_cap),
+                &srcs,
+                n,
+            );
+            fence(Ordering::Release);
+            node.reduced(me).store(g, Ordering::SeqCst);
+            node.ring_bell();
+            if c + 1 < nchunks {
+                copy_in(c + 1);
+            }
+            self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
+                self.node.reduced(j)
+            })?;
+            for j in 0..l {
+                let (o, n) = piece(c, j);
+                let from = node.chunk_area(j, s).add(j * piece_cap);
+                if stream {
+                    kernels::copy_streaming(work.add(o), from, n)
+                } else {
+                    std::ptr::copy_nonoverlapping(from, work.add(o), n)
+                }
             }
         }
         Ok(())
@@ -626,7 +720,7 @@ impl ShmFabric {
         let me = self.node.me;
         self.gen += 1;
         let g = self.gen;
-        let s = (g % 2) as usize;
+        let s = (g % NSLOT as u64) as usize;
         // (slot reuse needs no wait: see node_op_from)
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
         let mine = self.node.stage(me, s);
