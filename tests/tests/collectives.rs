@@ -178,10 +178,15 @@ fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
 
 #[test]
 fn mismatched_calls_name_both_calls_and_ranks() {
-    for (label, host) in [("shm", "same"), ("tcp", "")] {
+    for (label, host, mode, other) in [
+        ("shm", "same", "mismatch", "20 x float"),
+        ("tcp", "", "mismatch", "20 x float"),
+        // a small call against a large (chunked) one: neither may wait for the other's flag
+        ("shm small/large", "same", "mismatch-big", "1048576 x float"),
+    ] {
         let outs = direct(
             2,
-            &["mismatch"],
+            &[mode],
             &[],
             |r| {
                 if host.is_empty() {
@@ -203,7 +208,7 @@ fn mismatched_calls_name_both_calls_and_ranks() {
             );
             let line = &o.stdout;
             assert!(line.contains("collective mismatch"), "{label}: {line}");
-            if line.contains("10 x float") && line.contains("20 x float") {
+            if line.contains("10 x float") && line.contains(other) {
                 seen += 1;
             }
             let other = 1 - r;

@@ -34,8 +34,22 @@ const NSLOT: usize = 3;
 const RING_HDR: usize = 128;
 /// Calls moving at least this many bytes write results with streaming stores.
 const STREAM_MIN: usize = 8 << 20;
-/// Header line of a small all-reduce's staging slot (generation + descriptor).
+/// Header line of a staging slot: generation, descriptor digest, and a small all-reduce's data
+/// when it fits.
 const SMALL_HDR: usize = 64;
+/// Bytes of a small all-reduce carried inside the header line.
+const SMALL_INLINE: usize = SMALL_HDR - 16;
+
+/// A 64-bit digest of a call descriptor: equal descriptors give equal digests; a difference is
+/// then confirmed on the full descriptors.
+fn desc_digest(desc: &[u8; DESC]) -> u64 {
+    let mut h = 0x243f_6a88_85a3_08d3u64;
+    for w in desc.chunks_exact(8) {
+        let v = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+        h = (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
+    }
+    h
+}
 /// Descriptor bytes kept per rank for mismatch checks.
 pub const DESC: usize = 64;
 
@@ -375,7 +389,22 @@ impl ShmFabric {
     ) -> Result<()> {
         let l = self.local_size();
         let mut j = 0;
+        // The fast path reads no clock (a clock read costs as much as the flag round of a small
+        // all-reduce): the timers start once the spinning is over.
+        while j < l && flag(j).load(Ordering::Acquire) >= target {
+            j += 1;
+        }
         let mut spins = 0u32;
+        for _ in 0..self.spin_limit {
+            if j == l {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+            while j < l && flag(j).load(Ordering::Acquire) >= target {
+                j += 1;
+            }
+            spins += 1;
+        }
         let mut since = Instant::now();
         let mut checked = Instant::now();
         loop {
@@ -466,7 +495,7 @@ impl ShmFabric {
             }
             return Ok(());
         }
-        // chunked modes leave the slot's first line alone: it is the small all-reduce's flag
+        // chunked data starts after the slot's header line (generation, digest, small data)
         let slot = self.node.geo.slot_bytes - SMALL_HDR;
         if let NodeMode::AllReduceSmall = mode {
             let bytes = slices.iter().map(|s| s.1).sum::<usize>();
@@ -533,7 +562,7 @@ impl ShmFabric {
             // ranks' `ready` >= g-1 observed, and a rank publishes `ready` for g-1 only after it
             // finished g-2 entirely, so nobody still reads slot s.
             if c == 0 {
-                std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
+                self.publish_desc(s, g, desc, false);
             }
             let mine = self.node.chunk_area(me, s);
             match mode {
@@ -661,7 +690,7 @@ impl ShmFabric {
             node.ready(me).store(gen_of(c), Ordering::SeqCst);
             node.ring_bell();
         };
-        std::ptr::copy_nonoverlapping(desc.as_ptr(), node.desc_ptr(me, slot_of(0)), DESC);
+        self.publish_desc(slot_of(0), gen_of(0), desc, false);
         copy_in(0);
         for c in 0..nchunks {
             let (g, s) = (gen_of(c), slot_of(c));
@@ -713,9 +742,11 @@ impl ShmFabric {
         desc: &[u8; DESC],
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
-        // One cache line carries the flag and the descriptor: the slot starts with a header line
-        // [generation u64 | first 56 descriptor bytes (the rest are always zero)], data follows.
-        // A peer polls that line and finds the descriptor with the flag, then reads the data.
+        // One cache line carries flag, descriptor and (up to 48 bytes) data: the slot starts with
+        // a header line [generation u64 | descriptor digest u64 | 48 inline bytes]; larger data
+        // follows the line. A peer polls that line and, for the common tiny call, finds
+        // everything it needs in that one transfer. The full descriptor goes to the control
+        // block, read only when digests differ (to name both calls).
         let l = self.local_size();
         let me = self.node.me;
         self.gen += 1;
@@ -723,39 +754,69 @@ impl ShmFabric {
         let s = (g % NSLOT as u64) as usize;
         // (slot reuse needs no wait: see node_op_from)
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
+        let data_off = if bytes <= SMALL_INLINE { 16 } else { SMALL_HDR };
         let mine = self.node.stage(me, s);
-        std::ptr::copy_nonoverlapping(src, mine.add(SMALL_HDR), bytes);
-        std::ptr::copy_nonoverlapping(desc.as_ptr(), mine.add(8), SMALL_HDR - 8);
-        hdr(me).store(g, Ordering::SeqCst);
+        std::ptr::copy_nonoverlapping(src, mine.add(data_off), bytes);
+        let digest = self.publish_desc(s, g, desc, true);
         self.node.ring_bell();
         self.wait_all("all-reduce (waiting for peers' data)", g, hdr)?;
-        for j in 0..l {
-            let theirs = std::slice::from_raw_parts(self.node.stage(j, s).add(8), SMALL_HDR - 8);
-            if theirs != &desc[..SMALL_HDR - 8] {
-                let mut full = [0u8; DESC];
-                full[..SMALL_HDR - 8].copy_from_slice(theirs);
-                return Err(Error::Mismatch {
-                    rank: self.rank,
-                    peer: who(&self.node, j),
-                    mine: describe(desc),
-                    theirs: describe(&full),
-                });
-            }
-        }
+        self.check_digests(s, desc, digest, describe)?;
         let mut fixed = [std::ptr::null::<u8>(); 64];
         let heap: Vec<*const u8>;
         let srcs: &[*const u8] = if l <= fixed.len() {
             for (j, p) in fixed.iter_mut().enumerate().take(l) {
-                *p = self.node.stage(j, s).add(SMALL_HDR);
+                *p = self.node.stage(j, s).add(data_off);
             }
             &fixed[..l]
         } else {
             heap = (0..l)
-                .map(|j| self.node.stage(j, s).add(SMALL_HDR) as *const u8)
+                .map(|j| self.node.stage(j, s).add(data_off) as *const u8)
                 .collect();
             &heap
         };
         kernels::reduce_many_raw(dtype, op, work, srcs, bytes);
+        Ok(())
+    }
+
+    /// Publish this rank's call for generation `g` in slot `s`: the full descriptor in the
+    /// control block, its digest and `g` in the slot's header line (what a small all-reduce
+    /// polls) and, for a small call (`ready`), `g` in `ready` (what chunked modes poll; they
+    /// store it themselves once their data is in) — so a peer in either kind of call finds a
+    /// mismatch instead of waiting for a flag that never comes.
+    ///
+    /// # Safety
+    /// `s` < NSLOT; slot `s` is free for generation `g` (see [`Self::node_op_from`]).
+    unsafe fn publish_desc(&self, s: usize, g: u64, desc: &[u8; DESC], ready: bool) -> u64 {
+        let digest = desc_digest(desc);
+        let me = self.node.me;
+        std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
+        let line = self.node.stage(me, s);
+        (*(line.add(8) as *const AtomicU64)).store(digest, Ordering::Relaxed);
+        (*(line as *const AtomicU64)).store(g, Ordering::SeqCst);
+        if ready {
+            self.node.ready(me).store(g, Ordering::SeqCst);
+        }
+        digest
+    }
+
+    /// Compare every peer's digest for slot `s` with ours; on a difference read the peer's full
+    /// descriptor and fail naming both calls.
+    fn check_digests(
+        &self,
+        s: usize,
+        desc: &[u8; DESC],
+        digest: u64,
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        for j in 0..self.local_size() {
+            // SAFETY: the header line of slot s, inside the mapping; its generation was seen.
+            let theirs = unsafe {
+                (*(self.node.stage(j, s).add(8) as *const AtomicU64)).load(Ordering::Relaxed)
+            };
+            if theirs != digest {
+                return self.check_descs(s, desc, describe);
+            }
+        }
         Ok(())
     }
 

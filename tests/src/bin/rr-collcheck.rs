@@ -4,6 +4,7 @@
 //!   all            every collective, dtype, op and awkward size; prints "OK rank R"
 //!   allreduce N    one f32 all-reduce of N elements, checked (used by cluster tests)
 //!   mismatch       rank 1 calls all_reduce with another count; prints the error, exits 3
+//!   mismatch-big   the same, rank 1's count large (1M elements) and rank 0's small
 //!   die-before     rank 1 exits 7 before the collective; the others print their error, exit 3
 //!   stall          rank 1 sleeps instead of calling; the others print their error, exit 3
 use half::{bf16, f16};
@@ -276,8 +277,10 @@ fn main() {
                 c.net_bytes_sent()
             );
         }
-        "mismatch" => {
-            let count = if me == 1 { 20 } else { 10 };
+        "mismatch" | "mismatch-big" => {
+            // -big: rank 1's call is large (chunked in shared memory), rank 0's small
+            let other = if mode == "mismatch" { 20 } else { 1 << 20 };
+            let count = if me == 1 { other } else { 10 };
             let mut b = vec![1.0f32; count];
             match c.all_reduce(&mut b, ReduceOp::Sum) {
                 Ok(()) => println!("rank {me}: no error"),
