@@ -170,13 +170,40 @@ pub unsafe fn reduce_many_raw(
     srcs: &[*const u8],
     bytes: usize,
 ) {
+    reduce_many_dual(dtype, op, dst, None, srcs, bytes)
+}
+
+/// [`reduce_many_raw`] that also writes the result to a second destination in the same pass
+/// (`(dst2, streaming)`: with streaming stores when `streaming`), saving a later copy that
+/// would read the result back. `dst2` may alias one source exactly (an in-place result).
+///
+/// # Safety
+/// As [`reduce_many_raw`]; `dst2` valid for writes of `bytes` bytes and not overlapping `dst`.
+pub unsafe fn reduce_many_dual(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    dst2: Option<(*mut u8, bool)>,
+    srcs: &[*const u8],
+    bytes: usize,
+) {
     if srcs.is_empty() || bytes == 0 {
         return;
     }
+    let put2 = |off: usize, from: *const u8, k: usize| {
+        if let Some((d2, streaming)) = dst2 {
+            if streaming {
+                copy_streaming(d2.add(off), from, k)
+            } else if from != d2.add(off) as *const u8 {
+                std::ptr::copy(from, d2.add(off), k)
+            }
+        }
+    };
     if srcs.len() == 1 {
-        if srcs[0] != dst as *const u8 {
+        if !std::ptr::eq(srcs[0], dst) {
             std::ptr::copy(srcs[0], dst, bytes);
         }
+        put2(0, dst, bytes);
         return;
     }
     #[repr(C, align(64))]
@@ -193,6 +220,7 @@ pub unsafe fn reduce_many_raw(
             reduce_into_raw(dtype, op, acc, s.add(off), k);
         }
         std::ptr::copy_nonoverlapping(acc as *const u8, dst.add(off), k);
+        put2(off, acc, k);
         off += k;
     }
 }
@@ -278,6 +306,42 @@ mod tests {
             as_bytes(&[7u64, 1]),
         );
         assert_eq!(u, [7, 9]);
+    }
+
+    #[test]
+    fn dual_destination_matches_and_may_alias_a_source() {
+        // 9000 elements: two full 4 KiB blocks (streaming path) and a ragged tail
+        let n = 9000usize;
+        let srcs: Vec<Vec<i32>> = (0..3)
+            .map(|r| (0..n as i32).map(|i| i * (r + 1) - 7).collect())
+            .collect();
+        for streaming in [false, true] {
+            let mut own = srcs[1].clone(); // the second destination aliases source 1
+            let mut slot = vec![0i32; n];
+            let ptrs = [
+                srcs[0].as_ptr() as *const u8,
+                own.as_ptr() as *const u8,
+                srcs[2].as_ptr() as *const u8,
+            ];
+            unsafe {
+                reduce_many_dual(
+                    DataType::I32,
+                    ReduceOp::Sum,
+                    slot.as_mut_ptr() as *mut u8,
+                    Some((own.as_mut_ptr() as *mut u8, streaming)),
+                    &ptrs,
+                    n * 4,
+                )
+            };
+            for i in 0..n {
+                let want = i as i32 * 6 - 21;
+                assert_eq!(
+                    (slot[i], own[i]),
+                    (want, want),
+                    "element {i}, streaming {streaming}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -700,12 +700,15 @@ impl ShmFabric {
             if c == 0 {
                 self.check_descs(s, desc, describe)?;
             }
+            // our reduced piece goes to our slot (for the peers) and, in the same pass, to our
+            // own result
             let (o, n) = piece(c, me);
             let srcs = self.piece_sources(s, piece_cap, src.add(o));
-            kernels::reduce_many_raw(
+            kernels::reduce_many_dual(
                 dtype,
                 op,
                 node.chunk_area(me, s).add(me * piece_cap),
+                Some((work.add(o), stream)),
                 &srcs,
                 n,
             );
@@ -718,7 +721,7 @@ impl ShmFabric {
             self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
                 self.node.reduced(j)
             })?;
-            for j in 0..l {
+            for j in (0..l).filter(|&j| j != me) {
                 let (o, n) = piece(c, j);
                 let from = node.chunk_area(j, s).add(j * piece_cap);
                 if stream {
