@@ -212,17 +212,84 @@ pub unsafe fn reduce_many_dual(
     // cost a memset of BLOCK_BYTES per call, a visible share of a small all-reduce).
     let mut acc = std::mem::MaybeUninit::<Block>::uninit();
     let acc = acc.as_mut_ptr() as *mut u8;
+    let esz = dtype.size();
+    // (every dtype's alignment equals its size)
+    let al = |p: *const u8| p as usize % esz == 0;
+    let d = dst as *const u8;
+    let fused = al(d)
+        && srcs.iter().all(|&s| al(s))
+        && !srcs.iter().any(|&s| s < d.add(bytes) && d < s.add(bytes));
     let mut off = 0;
     while off < bytes {
         let k = (bytes - off).min(BLOCK_BYTES);
-        std::ptr::copy_nonoverlapping(srcs[0].add(off), acc, k);
-        for s in &srcs[1..] {
-            reduce_into_raw(dtype, op, acc, s.add(off), k);
+        if fused {
+            // aligned and `dst` overlaps no source: combine two operands per pass, the first
+            // and last straight from and to memory (same order as below, so the same bits)
+            let last = srcs.len() - 1;
+            if last == 1 {
+                reduce3_raw(
+                    dtype,
+                    op,
+                    dst.add(off),
+                    srcs[0].add(off),
+                    srcs[1].add(off),
+                    k,
+                );
+            } else {
+                reduce3_raw(dtype, op, acc, srcs[0].add(off), srcs[1].add(off), k);
+                for s in &srcs[2..last] {
+                    reduce_into_raw(dtype, op, acc, s.add(off), k);
+                }
+                reduce3_raw(dtype, op, dst.add(off), acc, srcs[last].add(off), k);
+            }
+            put2(off, dst.add(off), k);
+        } else {
+            std::ptr::copy_nonoverlapping(srcs[0].add(off), acc, k);
+            for s in &srcs[1..] {
+                reduce_into_raw(dtype, op, acc, s.add(off), k);
+            }
+            std::ptr::copy_nonoverlapping(acc as *const u8, dst.add(off), k);
+            put2(off, acc, k);
         }
-        std::ptr::copy_nonoverlapping(acc as *const u8, dst.add(off), k);
-        put2(off, acc, k);
         off += k;
     }
+}
+
+/// `out[i] = a[i] op b[i]`.
+///
+/// # Safety
+/// All three aligned for `dtype`, valid for `bytes` bytes; `out` overlaps neither input.
+unsafe fn reduce3_raw(
+    dtype: DataType,
+    op: ReduceOp,
+    out: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    bytes: usize,
+) {
+    #[inline(always)]
+    fn zip3<T: Arith>(o: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
+        for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+            *o = f(*a, *b);
+        }
+    }
+    macro_rules! go {
+        ($t:ty) => {{
+            let n = bytes / std::mem::size_of::<$t>();
+            let (o, a, b) = (
+                typed_mut::<$t>(out, n),
+                typed::<$t>(a, n),
+                typed::<$t>(b, n),
+            );
+            match op.combiner() {
+                ReduceOp::Sum | ReduceOp::Avg => zip3(o, a, b, <$t as Arith>::sum),
+                ReduceOp::Prod => zip3(o, a, b, <$t as Arith>::prod),
+                ReduceOp::Min => zip3(o, a, b, <$t as Arith>::min),
+                ReduceOp::Max => zip3(o, a, b, <$t as Arith>::max),
+            }
+        }};
+    }
+    dispatch!(dtype, go);
 }
 
 /// Finish an average: divide every element by `n` (integer division for integer types).
@@ -306,6 +373,56 @@ mod tests {
             as_bytes(&[7u64, 1]),
         );
         assert_eq!(u, [7, 9]);
+    }
+
+    fn put_small(dtype: DataType, x: u8, c: &mut [u8]) {
+        match dtype {
+            DataType::I8 | DataType::U8 => c[0] = x,
+            DataType::I32 | DataType::U32 => c.copy_from_slice(&(x as u32).to_le_bytes()),
+            DataType::I64 | DataType::U64 => c.copy_from_slice(&(x as u64).to_le_bytes()),
+            DataType::F16 => c.copy_from_slice(&f16::from_f32(x as f32).to_le_bytes()),
+            DataType::Bf16 => c.copy_from_slice(&bf16::from_f32(x as f32).to_le_bytes()),
+            DataType::F32 => c.copy_from_slice(&(x as f32).to_le_bytes()),
+            DataType::F64 => c.copy_from_slice(&(x as f64).to_le_bytes()),
+        }
+    }
+
+    #[test]
+    fn fused_and_blocked_paths_agree_with_a_sequential_fold() {
+        // every dtype and op, 1..=5 sources, lengths around the block size; bytes 0..4 chosen
+        // so every dtype's values are small integers (exact in f16/bf16)
+        for dtype in DataType::ALL {
+            for op in ReduceOp::ALL {
+                for l in 1..=5usize {
+                    for elems in [1usize, 7, 2048 + 3] {
+                        let bytes = elems * dtype.size();
+                        let srcs: Vec<Vec<u8>> = (0..l)
+                            .map(|r| {
+                                let mut v = vec![0u8; bytes];
+                                for (i, c) in v.chunks_mut(dtype.size()).enumerate() {
+                                    put_small(dtype, ((i * 3 + r * 5) % 4 + 1) as u8, c);
+                                }
+                                v
+                            })
+                            .collect();
+                        let mut want = srcs[0].clone();
+                        for s in &srcs[1..] {
+                            reduce_into(dtype, op, &mut want, s);
+                        }
+                        let ptrs: Vec<*const u8> = srcs.iter().map(|s| s.as_ptr()).collect();
+                        let mut got = vec![0u8; bytes];
+                        unsafe { reduce_many_raw(dtype, op, got.as_mut_ptr(), &ptrs, bytes) };
+                        assert_eq!(got, want, "{dtype:?} {op:?} l={l} n={elems}");
+                        // the same with the destination aliasing source 0 (blocked path)
+                        let mut alias = srcs[0].clone();
+                        let mut ptrs2 = ptrs.clone();
+                        ptrs2[0] = alias.as_ptr();
+                        unsafe { reduce_many_raw(dtype, op, alias.as_mut_ptr(), &ptrs2, bytes) };
+                        assert_eq!(alias, want, "aliased: {dtype:?} {op:?} l={l} n={elems}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
