@@ -233,6 +233,72 @@ pub struct Plan {
     pub steps: Vec<Step>,
 }
 
+/// A plan cut where in-node steps meet network steps, for buffers the network cannot reach
+/// directly (device memory): run `pre` on the buffer, copy `net_range` to host memory, run
+/// `net` on the host copy (same offsets), copy `net_range` back, run `post` on the buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSplit {
+    pub pre: Plan,
+    pub net: Plan,
+    pub post: Plan,
+    /// Elements `[start, end)` of the work buffer that the network steps read or write (empty
+    /// when there are none).
+    pub net_range: (usize, usize),
+}
+
+impl Plan {
+    /// Split into in-node steps, network exchanges, in-node steps (see [`DeviceSplit`]). `None`
+    /// when the plan is not of that shape (an in-node step between exchanges, a local copy, or
+    /// a region of the input buffer), so the caller stages the whole buffer instead.
+    pub fn split_for_device(&self) -> Option<DeviceSplit> {
+        let is_node = |s: &Step| {
+            matches!(
+                s,
+                Step::NodeReduceScatter { .. } | Step::NodeAllGather { .. }
+            )
+        };
+        let first_net = self
+            .steps
+            .iter()
+            .position(|s| !is_node(s))
+            .unwrap_or(self.steps.len());
+        let after_net = self.steps[first_net..]
+            .iter()
+            .position(is_node)
+            .map_or(self.steps.len(), |i| first_net + i);
+        if !self.steps[after_net..].iter().all(is_node) {
+            return None;
+        }
+        let (mut lo, mut hi) = (usize::MAX, 0usize);
+        for s in &self.steps[first_net..after_net] {
+            let Step::Exchange { send, recv, .. } = s else {
+                return None;
+            };
+            for x in send.iter().chain(recv.iter()) {
+                if x.region.buf != Buf::Work {
+                    return None;
+                }
+                if x.region.len > 0 {
+                    lo = lo.min(x.region.offset);
+                    hi = hi.max(x.region.end());
+                }
+            }
+        }
+        let part = |steps: &[Step]| Plan {
+            kind: self.kind,
+            algo: self.algo,
+            rank: self.rank,
+            steps: steps.to_vec(),
+        };
+        Some(DeviceSplit {
+            pre: part(&self.steps[..first_net]),
+            net: part(&self.steps[first_net..after_net]),
+            post: part(&self.steps[after_net..]),
+            net_range: if lo < hi { (lo, hi) } else { (0, 0) },
+        })
+    }
+}
+
 /// Element range of part `i` when `count` elements are split into `parts` nearly equal parts
 /// (the first `count % parts` parts get one more).
 pub fn split(count: usize, parts: usize, i: usize) -> (usize, usize) {

@@ -136,6 +136,54 @@ mod tests {
     }
 
     #[test]
+    fn device_split_keeps_the_network_inside_the_ranks_own_slice() {
+        for (n, per) in [(8, 4), (6, 2), (4, 2), (3, 1), (4, 4)] {
+            let layout = Layout::block(n, per);
+            for count in [0usize, 1, 5, 1000, 4099] {
+                for rank in 0..n {
+                    let p = all_reduce(&layout, rank, count).unwrap();
+                    let d = p.split_for_device().expect("two-level splits");
+                    // nothing lost or reordered
+                    let mut joined = d.pre.steps.clone();
+                    joined.extend(d.net.steps.iter().cloned());
+                    joined.extend(d.post.steps.iter().cloned());
+                    assert_eq!(joined, p.steps);
+                    assert!(d
+                        .net
+                        .steps
+                        .iter()
+                        .all(|s| matches!(s, Step::Exchange { .. })));
+                    // the network only touches this rank's slice of the in-node split
+                    let local = rank % per;
+                    let (off, len) = split(count, per, local);
+                    let (lo, hi) = d.net_range;
+                    if d.net.steps.is_empty() {
+                        assert_eq!((lo, hi), (0, 0));
+                    } else if len > 0 {
+                        assert!(
+                            off <= lo && hi <= off + len,
+                            "{n}/{per} r{rank} c{count}: {lo}..{hi} not in {off}+{len}"
+                        );
+                    }
+                    if per > 1 && !d.net.steps.is_empty() {
+                        assert!(
+                            matches!(d.pre.steps[..], [Step::NodeReduceScatter { .. }]),
+                            "{n}/{per} r{rank} c{count}: {:?}",
+                            p.steps
+                        );
+                        assert!(matches!(d.post.steps[..], [Step::NodeAllGather { .. }]));
+                    }
+                }
+            }
+        }
+        // a node step between exchanges cannot be split
+        let mut p = all_reduce(&Layout::block(8, 4), 0, 100).unwrap();
+        let rs = p.steps[0].clone();
+        p.steps.insert(2, rs);
+        assert_eq!(p.split_for_device(), None);
+    }
+
+    #[test]
     fn all_reduce_matrix() {
         assert!(run_matrix(CollKind::AllReduce, Algo::TwoLevel, true) > 100);
     }

@@ -17,8 +17,10 @@
 //!
 //! Paths: one node with several ranks uses the CUDA IPC fabric
 //! ([`crate::transport::cuda::GpuFabric`]) through the same executor and two-level plan as host
-//! buffers; ranks on several nodes, and nodes where GPUs cannot reach each other, stage through
-//! pinned host memory and the host path (shared memory + network). Supported types: every type
+//! buffers. Across nodes, when every node has that fabric, the in-node steps run on it and only
+//! each rank's 1/L slice goes through pinned host memory for the network ring; otherwise (and
+//! where GPUs cannot reach each other) whole buffers stage through pinned host memory and the
+//! host path (shared memory + network). Supported types: every type
 //! of the host API (i8, u8, i32, u32, i64, u64, f16, bf16, f32, f64) and every operator.
 
 /// The cudarc this crate is built against (use it to make device buffers and streams).

@@ -11,12 +11,13 @@
 use super::{Communicator, Inner, Pending, Shared};
 use crate::error::{Error, Result};
 use crate::executor::{Bufs, Executor};
+use crate::transport::cuda::ipc::{self, Verdict};
 use crate::transport::cuda::{
     cuda_err, gpu_fabric, require_driver, FabricSetup, GpuPath, PinnedBuf,
 };
 use crate::transport::NodeFabric;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
-use railring_collectives::plan::{Algo, CollKind, Step};
+use railring_collectives::plan::{Algo, CollKind};
 use railring_collectives::{DataType, ReduceOp};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 
@@ -26,6 +27,9 @@ pub(crate) struct DeviceState {
     /// The stream device collectives run on (the fabric's, when there is one).
     stream: Arc<CudaStream>,
     path: GpuPath,
+    /// Several nodes and every node has a direct GPU fabric (agreed by all ranks): in-node steps
+    /// run on the device, network steps on a pinned host copy of this rank's slice only.
+    hybrid: bool,
     pinned: PinnedBuf,
 }
 
@@ -77,12 +81,11 @@ fn ensure_state<'a>(
             .ok_or_else(|| Error::Invalid("rank missing from layout".into()))?;
         let local = g.layout.nodes[node].clone();
         let me = local.iter().position(|&r| r == rank).unwrap_or(0);
+        let nodes = g.layout.nodes.len();
         let path = if g.size == 1 {
             GpuPath::Staged("a single rank".into())
-        } else if g.layout.nodes.len() > 1 {
-            let why = "ranks on several nodes: network steps run on host memory".to_string();
-            tracing::info!(target: "railring::init", rank, "GPU collectives: staging through pinned host memory ({why})");
-            GpuPath::Staged(why)
+        } else if local.len() == 1 {
+            GpuPath::Staged("one rank on this node: nothing to do in the node".into())
         } else {
             let store = g
                 .store
@@ -106,6 +109,34 @@ fn ensure_state<'a>(
             };
             gpu_fabric(&setup, ctx)?
         };
+        // Across nodes every rank must run the same plan: the hybrid path only when every
+        // node has a direct fabric (agreed through the store by all ranks), else all stage.
+        let hybrid = if nodes > 1 && g.size > 1 {
+            let store = g
+                .store
+                .clone()
+                .ok_or_else(|| Error::Invalid("several nodes but no store".into()))?;
+            let mine = Verdict {
+                rank,
+                problem: match &path {
+                    GpuPath::Direct(_) => None,
+                    GpuPath::Staged(why) => Some(why.clone()),
+                },
+            };
+            let prefix = format!("{}/world", ipc::prefix(g.comm, g.seq));
+            match ipc::agree(&store, &prefix, rank, g.size, &mine, g.cfg.timeout)? {
+                Ok(()) => {
+                    tracing::info!(target: "railring::init", rank, "GPU collectives across {nodes} nodes: in-node steps on the GPUs, network steps on a pinned host copy of each rank's 1/{} slice", local.len());
+                    true
+                }
+                Err(why) => {
+                    tracing::info!(target: "railring::init", rank, "GPU collectives across {nodes} nodes: staging whole buffers through pinned host memory ({why})");
+                    false
+                }
+            }
+        } else {
+            false
+        };
         let stream = match &path {
             GpuPath::Direct(f) => f.stream().clone(),
             GpuPath::Staged(_) => ctx
@@ -116,6 +147,7 @@ fn ensure_state<'a>(
             ordinal: ctx.ordinal(),
             stream,
             path,
+            hybrid,
             pinned: PinnedBuf::new(ctx.clone()),
         });
     }
@@ -150,48 +182,108 @@ fn run_all_reduce(
     if g.size == 1 {
         g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
     } else {
+        let single_node = g.layout.nodes.len() == 1;
         let direct = match &mut st.path {
-            GpuPath::Direct(fab) => {
-                let plan = g.plan(CollKind::AllReduce, Algo::TwoLevel, count, 0)?;
-                // Only in-node steps may touch device memory through the executor.
-                if plan.steps.iter().all(|s| {
-                    matches!(
-                        s,
-                        Step::NodeReduceScatter { .. } | Step::NodeAllGather { .. }
-                    )
-                }) {
-                    let desc = g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
-                    let fabric: &mut (dyn NodeFabric + 'static) = &mut **fab;
-                    let mut ex = Executor {
-                        rank: g.rank,
-                        size: g.size,
-                        links: &mut g.links,
-                        fabric: Some(fabric),
-                        timeout: g.cfg.timeout,
-                        chunk: g.cfg.net_chunk,
-                        staging: &mut g.staging,
-                    };
-                    let bufs = Bufs {
-                        work: ptr as *mut u8,
-                        work_bytes: bytes,
-                        input: std::ptr::null(),
-                        input_bytes: 0,
-                        src: None,
-                    };
-                    // SAFETY: `ptr` is device memory of `bytes` bytes on the fabric's device
-                    // (checked by the caller); the plan has only in-node steps, which the GPU
-                    // fabric runs with device copies and kernels (the host never dereferences
-                    // it).
-                    unsafe { ex.run(&plan, &desc, op, bufs)? };
-                    if op == ReduceOp::Avg && count > 0 {
-                        fab.finish_avg(ptr, count, dtype, g.size)?;
+            GpuPath::Direct(fab) if single_node || st.hybrid => {
+                // A non-uniform layout has no two-level plan: stage (every rank decides alike).
+                let split = g
+                    .plan(CollKind::AllReduce, Algo::TwoLevel, count, 0)
+                    .ok()
+                    .and_then(|p| p.split_for_device());
+                match split {
+                    Some(split) => {
+                        let desc = g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
+                        let fabric: &mut (dyn NodeFabric + 'static) = &mut **fab;
+                        // SAFETY: `ptr` is device memory of `bytes` bytes on the fabric's device
+                        // (checked by the caller); `pre`/`post` hold only in-node steps, which the
+                        // GPU fabric runs with device copies and kernels (the host never
+                        // dereferences it).
+                        unsafe {
+                            run_steps(
+                                g,
+                                Some(&mut *fabric),
+                                &split.pre,
+                                &desc,
+                                op,
+                                ptr as *mut u8,
+                                bytes,
+                            )?
+                        };
+                        if !split.net.steps.is_empty() {
+                            let (lo, hi) = (split.net_range.0 * esz, split.net_range.1 * esz);
+                            let host = st.pinned.ensure(bytes).map_err(|e| {
+                                cuda_err(
+                                    rank,
+                                    format!("allocating {bytes} bytes of pinned memory"),
+                                    e,
+                                )
+                            })?;
+                            if hi > lo {
+                                // SAFETY: [lo, hi) lies inside both buffers of `bytes` bytes.
+                                unsafe {
+                                    sys::cuMemcpyDtoHAsync_v2(
+                                        host.add(lo) as *mut _,
+                                        ptr + lo as u64,
+                                        hi - lo,
+                                        st.stream.cu_stream(),
+                                    )
+                                }
+                                .result()
+                                .map_err(|e| {
+                                    cuda_err(rank, "copying this rank's slice to host", e)
+                                })?;
+                                st.stream
+                                    .synchronize()
+                                    .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
+                            }
+                            // SAFETY: pinned host memory of `bytes` bytes, ours while locked; the
+                            // network steps touch only [lo, hi), just copied from the device.
+                            unsafe { run_steps(g, None, &split.net, &desc, op, host, bytes)? };
+                            if hi > lo {
+                                // SAFETY: as above, host to device.
+                                unsafe {
+                                    sys::cuMemcpyHtoDAsync_v2(
+                                        ptr + lo as u64,
+                                        host.add(lo) as *const _,
+                                        hi - lo,
+                                        st.stream.cu_stream(),
+                                    )
+                                }
+                                .result()
+                                .map_err(|e| {
+                                    cuda_err(
+                                        rank,
+                                        "copying this rank's slice back to the device",
+                                        e,
+                                    )
+                                })?;
+                                // the pinned buffer is reused by the next call
+                                st.stream
+                                    .synchronize()
+                                    .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
+                            }
+                        }
+                        // SAFETY: as for `pre`.
+                        unsafe {
+                            run_steps(
+                                g,
+                                Some(fabric),
+                                &split.post,
+                                &desc,
+                                op,
+                                ptr as *mut u8,
+                                bytes,
+                            )?
+                        };
+                        if op == ReduceOp::Avg && count > 0 {
+                            fab.finish_avg(ptr, count, dtype, g.size)?;
+                        }
+                        true
                     }
-                    true
-                } else {
-                    false
+                    None => false,
                 }
             }
-            GpuPath::Staged(_) => false,
+            _ => false,
         };
         if !direct {
             staged(g, st, ptr, bytes, dtype, op)?;
@@ -200,6 +292,43 @@ fn run_all_reduce(
     st.stream
         .record_event(None)
         .map_err(|e| cuda_err(rank, "recording completion", e))
+}
+
+/// Run some steps of a plan through the communicator's executor on `work`: in-node steps on
+/// `fabric` (the GPU fabric, for device memory), network steps on the communicator's links.
+///
+/// # Safety
+/// `work` valid for `bytes` bytes of the kind the steps' transports read and write.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_steps(
+    g: &mut Inner,
+    fabric: Option<&mut (dyn NodeFabric + 'static)>,
+    plan: &railring_collectives::plan::Plan,
+    desc: &crate::executor::CallDesc,
+    op: ReduceOp,
+    work: *mut u8,
+    bytes: usize,
+) -> Result<()> {
+    if plan.steps.is_empty() {
+        return Ok(());
+    }
+    let mut ex = Executor {
+        rank: g.rank,
+        size: g.size,
+        links: &mut g.links,
+        fabric,
+        timeout: g.cfg.timeout,
+        chunk: g.cfg.net_chunk,
+        staging: &mut g.staging,
+    };
+    let bufs = Bufs {
+        work,
+        work_bytes: bytes,
+        input: std::ptr::null(),
+        input_bytes: 0,
+        src: None,
+    };
+    ex.run(plan, desc, op, bufs)
 }
 
 /// Copy to pinned host memory, run the host collective (same executor, shm fabric and network

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-command GPU check for a machine with (at least) one NVIDIA GPU: build with the `cuda`
 # feature (release), run gpucheck with 2 and then 4 ranks sharing GPU 0 (the CUDA IPC path),
-# checking every data type and operator, then print the busbw table beside the device-to-device
-# copy bandwidth. See tests/gpu/README.md. Exit status: 0 pass, 1 fail, 2 no GPU (skipped).
+# then 4 ranks as two emulated nodes (IPC in the node, TCP between), checking every data type
+# and operator, then print the busbw table beside the device-to-device copy bandwidth. See tests/gpu/README.md. Exit status: 0 pass, 1 fail, 2 no GPU (skipped).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -57,6 +57,32 @@ for np in 2 4; do
         status=1
     fi
 done
+
+# Two emulated nodes x 2 ranks on the same GPU (RAILRING_HOST_ID splits the machine): the
+# hybrid path — in-node steps through CUDA IPC, the network ring (TCP over loopback) on a
+# pinned host copy of each rank's half.
+echo
+echo "== 4 ranks as 2 nodes x 2 on GPU $DEVICE (limit ${LIMIT}s)"
+t=$(date +%s)
+RAILRING_DEBUG=INFO RAILRING_DEBUG_SUBSYS=init \
+    timeout -k 10 "$LIMIT" "$RR" -np 4 sh -c \
+    'RAILRING_HOST_ID=gpunode$((RAILRING_RANK / 2)) exec "$0" "$@"' "$GC" --device "$DEVICE" --max-bytes 64M $ARGS \
+    > >(tee "$LOG/out.nodes") 2> "$LOG/err.nodes"
+rc=$?
+sleep 0.2
+echo "== exit $rc after $(( $(date +%s) - t )) s"
+grep -E "GPU collectives across|GPU in-node path|WRONG|error|panicked" "$LOG/err.nodes" | sort | uniq -c | head -20
+if [ "$rc" -ne 0 ]; then
+    echo "FAIL: 2 nodes x 2: exit status $rc; last lines of stderr:"
+    tail -30 "$LOG/err.nodes"
+    status=1
+elif ! grep -q "in-node steps on the GPUs" "$LOG/err.nodes"; then
+    echo "FAIL: 2 nodes x 2: the hybrid path was not used (whole buffers staged instead?)"
+    status=1
+elif ! grep -q "^# gpucheck: PASS" "$LOG/out.nodes"; then
+    echo "FAIL: 2 nodes x 2: gpucheck did not report PASS"
+    status=1
+fi
 echo
 if [ "$status" -eq 0 ]; then echo "GPU CHECK: PASS"; else echo "GPU CHECK: FAIL"; fi
 exit "$status"

@@ -528,13 +528,24 @@ pub struct FabricSetup<'a> {
     pub timeout: Duration,
 }
 
+impl FabricSetup<'_> {
+    /// Store key prefix of this node's set-up (nodes set up their fabrics side by side).
+    fn prefix(&self) -> String {
+        format!(
+            "{}/n{}",
+            ipc::prefix(self.comm, self.epoch),
+            self.local.first().copied().unwrap_or(0)
+        )
+    }
+}
+
 /// Build the in-node GPU path for a device: `Direct` when every local rank can read every
 /// peer's staging buffer, else `Staged` with the reason (logged at INFO). Collective over the
 /// local ranks (they all call it at the same point, with the same epoch).
 pub fn gpu_fabric(s: &FabricSetup<'_>, ctx: &Arc<CudaContext>) -> Result<GpuPath> {
     let rank = s.local[s.me];
     let l = s.local.len();
-    let prefix = ipc::prefix(s.comm, s.epoch);
+    let prefix = s.prefix();
     let slot = std::env::var("RAILRING_GPU_SLOT")
         .ok()
         .and_then(|v| crate::config::parse_size(&v))
@@ -748,7 +759,7 @@ pub fn gpu_fabric(s: &FabricSetup<'_>, ctx: &Arc<CudaContext>) -> Result<GpuPath
 fn open_flags(s: &FabricSetup<'_>, l: usize) -> Result<FlagSeg> {
     let rank = s.local[s.me];
     let path = flags_path(s.job, s.comm, s.epoch, s.host_id);
-    let prefix = ipc::prefix(s.comm, s.epoch);
+    let prefix = s.prefix();
     let err = |what: &str, e: io::Error| Error::Shm {
         rank,
         what: format!("{what} {}", path.display()),
