@@ -90,6 +90,8 @@ struct LinkTable {
     rail: usize,
     timeout: Duration,
     connect_timeout: Duration,
+    /// TCP connections per peer and channel (`RAILRING_NET_STREAMS`).
+    streams: usize,
     map: HashMap<(usize, usize), Box<dyn Link>>,
     node: Option<Arc<Node>>,
     /// comm rank → local index on this node (only for ranks on this node)
@@ -154,6 +156,7 @@ impl Links for LinkTable {
                         self.rail,
                         &pi.addrs,
                         self.connect_timeout,
+                        self.streams,
                     )
                     .map_err(terr)?,
                 )
@@ -705,6 +708,7 @@ impl Communicator {
             rail: 0,
             timeout: cfg.timeout,
             connect_timeout: cfg.connect_timeout,
+            streams: cfg.net_streams,
             map: HashMap::new(),
             node,
             local_index,

@@ -2,6 +2,7 @@
 //! them). Bad values are errors naming the variable, never panics.
 
 use crate::error::{Error, Result};
+use crate::transport::tcp::MAX_STREAMS;
 use railring_collectives::plan::Algo;
 use std::time::Duration;
 
@@ -20,6 +21,9 @@ pub struct Config {
     pub net_chunk: usize,
     /// `RAILRING_CONNECT_TIMEOUT` (seconds, default 30): bootstrap and data-plane connects.
     pub connect_timeout: Duration,
+    /// `RAILRING_NET_STREAMS` (default 1, at most 16): TCP connections per peer and rail; data
+    /// is striped over them in 64 KiB stripes (more in-flight windows on a fast NIC).
+    pub net_streams: usize,
     /// The cost model the algorithm choice uses: defaults, with in-node latency raised when
     /// local ranks outnumber CPUs (every in-node step then costs context switches), then
     /// `RAILRING_COST` overrides (`net_beta=1.25e8,net_alpha=5e-5,...`).
@@ -115,6 +119,7 @@ impl Config {
             socket_ifname: var("RAILRING_SOCKET_IFNAME"),
             shm_slot: parse_num("RAILRING_SHM_SLOT", 1 << 20, 4096, 1 << 30)? as usize,
             net_chunk: parse_num("RAILRING_NET_CHUNK", 512 << 10, 4096, 1 << 30)? as usize,
+            net_streams: parse_num("RAILRING_NET_STREAMS", 1, 1, MAX_STREAMS as u64)? as usize,
             connect_timeout: Duration::from_secs(parse_num(
                 "RAILRING_CONNECT_TIMEOUT",
                 30,

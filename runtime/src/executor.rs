@@ -696,12 +696,15 @@ impl<'a> Executor<'a> {
             let fds: Vec<(i32, i16)> = [
                 (!s_done)
                     .then(|| {
-                        sl.and_then(|l| (*l).poll_fd())
+                        sl.and_then(|l| (*l).poll_fd_for(true))
                             .map(|fd| (fd, libc::POLLOUT))
                     })
                     .flatten(),
                 (!r_done)
-                    .then(|| rl.and_then(|l| (*l).poll_fd()).map(|fd| (fd, libc::POLLIN)))
+                    .then(|| {
+                        rl.and_then(|l| (*l).poll_fd_for(false))
+                            .map(|fd| (fd, libc::POLLIN))
+                    })
                     .flatten(),
             ]
             .into_iter()

@@ -146,11 +146,12 @@ fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
         |r| format!("h{}", r / 2),
         Duration::from_secs(120),
     ));
-    // 3 + 2 + 1 ranks on three "nodes": non-uniform, the flat ring and trees over shm + TCP
+    // 3 + 2 + 1 ranks on three "nodes": non-uniform, the flat ring and trees over shm + TCP,
+    // every TCP link striped over three connections
     all_ok(&direct(
         6,
         &["all"],
-        &[],
+        &[("RAILRING_NET_STREAMS", "3")],
         |r| format!("h{}", [0, 0, 0, 1, 1, 2][r]),
         Duration::from_secs(180),
     ));

@@ -67,6 +67,11 @@ pub trait Link: Send {
     fn poll_fd(&self) -> Option<RawFd> {
         None
     }
+    /// The descriptor to poll while waiting to send (`send`) or to receive: a link striped over
+    /// several connections waits on the one its next bytes go to or come from.
+    fn poll_fd_for(&self, _send: bool) -> Option<RawFd> {
+        self.poll_fd()
+    }
     /// Whether the link can move memory of this kind directly.
     fn supports(&self, mem: MemKind) -> bool {
         mem == MemKind::Host

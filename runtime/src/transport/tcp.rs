@@ -195,7 +195,44 @@ impl Hello {
     }
 }
 
-type Pending = Arc<(Mutex<HashMap<Hello, TcpStream>>, Condvar)>;
+/// Most TCP connections one link may stripe over (`RAILRING_NET_STREAMS`).
+pub const MAX_STREAMS: usize = 16;
+/// Bytes sent on one connection before the next takes over, when a link has several.
+const STRIPE: u64 = 64 << 10;
+
+/// The `chan` word of a hello: bits 0-15 the channel, 16-23 this connection's index within its
+/// link, 24-31 the link's connection count (the connecting side decides; the acceptor follows).
+fn chan_word(chan: usize, index: usize, count: usize) -> u32 {
+    (chan as u32 & 0xffff) | ((index as u32 & 0xff) << 16) | ((count as u32 & 0xff) << 24)
+}
+
+/// Connections of one link that have arrived so far, keyed by (comm, from, channel).
+struct Arrivals {
+    slots: Vec<Option<TcpStream>>,
+}
+
+type Pending = Arc<(Mutex<HashMap<(u64, u32, u32), Arrivals>>, Condvar)>;
+
+/// File an accepted connection under its link; a connection whose hello is inconsistent with
+/// its link's earlier ones (count, index) is dropped.
+fn file_arrival(pending: &Pending, h: &Hello, s: TcpStream) {
+    let chan = h.chan & 0xffff;
+    let index = ((h.chan >> 16) & 0xff) as usize;
+    let count = (((h.chan >> 24) & 0xff) as usize).max(1);
+    if count > MAX_STREAMS || index >= count {
+        return;
+    }
+    let (m, cv) = &**pending;
+    let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+    let a = g.entry((h.comm, h.from, chan)).or_insert_with(|| Arrivals {
+        slots: (0..count).map(|_| None).collect(),
+    });
+    if a.slots.len() != count || a.slots[index].is_some() {
+        return;
+    }
+    a.slots[index] = Some(s);
+    cv.notify_all();
+}
 
 /// This process's TCP endpoint: listeners on every rail and the connections that arrived.
 pub struct TcpNet {
@@ -230,9 +267,7 @@ impl TcpNet {
                                 .name("rr-tcp-hs".into())
                                 .spawn(move || {
                                     if let Ok((h, s)) = accept_one(s, &secret) {
-                                        let (m, cv) = &*pending;
-                                        m.lock().unwrap_or_else(|e| e.into_inner()).insert(h, s);
-                                        cv.notify_all();
+                                        file_arrival(&pending, &h, s);
                                     }
                                 });
                     }
@@ -246,8 +281,10 @@ impl TcpNet {
         }))
     }
 
-    /// Connect to `peer` (comm rank `peer_rank`) for channel `chan`, from `my_rail`. The peer's
-    /// address is the one on the same subnet as our rail (else its rail with the same index).
+    /// Connect to `peer` (comm rank `peer_rank`) for channel `chan`, from `my_rail`, with
+    /// `streams` connections striped into one link. The peer's address is the one on the same
+    /// subnet as our rail (else its rail with the same index).
+    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         &self,
         comm: u64,
@@ -256,7 +293,41 @@ impl TcpNet {
         my_rail: usize,
         peer_addrs: &[RailAddr],
         timeout: Duration,
+        streams: usize,
     ) -> io::Result<TcpLink> {
+        let streams = streams.clamp(1, MAX_STREAMS);
+        let mut socks = Vec::with_capacity(streams);
+        let mut desc = String::new();
+        for index in 0..streams {
+            let (s, d) = self.connect_one(
+                comm,
+                me,
+                chan,
+                my_rail,
+                peer_addrs,
+                timeout,
+                (index, streams),
+            )?;
+            socks.push(s);
+            desc = d;
+        }
+        if streams > 1 {
+            desc.push_str(&format!(" x{streams} streams"));
+        }
+        TcpLink::new(socks, desc)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn connect_one(
+        &self,
+        comm: u64,
+        me: usize,
+        chan: usize,
+        my_rail: usize,
+        peer_addrs: &[RailAddr],
+        timeout: Duration,
+        (index, streams): (usize, usize),
+    ) -> io::Result<(TcpStream, String)> {
         let rail = self.rails.get(my_rail % self.rails.len().max(1)).cloned();
         let target = rail
             .as_ref()
@@ -294,19 +365,17 @@ impl TcpNet {
             &Hello {
                 comm,
                 from: me as u32,
-                chan: chan as u32,
+                chan: chan_word(chan, index, streams),
             }
             .bytes(),
         )?;
-        TcpLink::new(
-            s,
-            format!(
-                "tcp {} {} -> {}",
-                rail.map(|r| r.ifname).unwrap_or_default(),
-                local_ip(&self.rails, my_rail),
-                dest
-            ),
-        )
+        let desc = format!(
+            "tcp {} {} -> {}",
+            rail.map(|r| r.ifname).unwrap_or_default(),
+            local_ip(&self.rails, my_rail),
+            dest
+        );
+        Ok((s, desc))
     }
 
     /// Wait for `peer` to connect to us for (comm, chan).
@@ -317,22 +386,31 @@ impl TcpNet {
         chan: usize,
         timeout: Duration,
     ) -> io::Result<Option<TcpLink>> {
-        let key = Hello {
-            comm,
-            from: peer as u32,
-            chan: chan as u32,
-        };
+        let key = (comm, peer as u32, chan as u32 & 0xffff);
         let (m, cv) = &*self.pending;
         let deadline = Instant::now() + timeout;
         let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(s) = g.remove(&key) {
-                let desc = format!(
+            let complete = g
+                .get(&key)
+                .is_some_and(|a| a.slots.iter().all(|s| s.is_some()));
+            if let Some(a) = complete.then(|| g.remove(&key)).flatten() {
+                let socks: Vec<TcpStream> = a.slots.into_iter().flatten().collect();
+                let mut desc = format!(
                     "tcp {} <- {}",
-                    s.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-                    s.peer_addr().map(|a| a.to_string()).unwrap_or_default()
+                    socks[0]
+                        .local_addr()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default(),
+                    socks[0]
+                        .peer_addr()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default()
                 );
-                return TcpLink::new(s, desc).map(Some);
+                if socks.len() > 1 {
+                    desc.push_str(&format!(" x{} streams", socks.len()));
+                }
+                return TcpLink::new(socks, desc).map(Some);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -363,18 +441,43 @@ fn accept_one(mut s: TcpStream, secret: &[u8]) -> io::Result<(Hello, TcpStream)>
     Ok((Hello::parse(&b), s))
 }
 
-/// A TCP connection to one peer, non-blocking.
+/// A TCP link to one peer, non-blocking: one connection, or several with the byte stream cut
+/// into 64 KiB stripes dealt round-robin (stripe k travels on connection k mod n), so each
+/// connection has its own window while both sides agree on the order with no framing.
 pub struct TcpLink {
-    s: TcpStream,
+    s: Vec<TcpStream>,
     desc: String,
     sent: u64,
+    received: u64,
 }
 
 impl TcpLink {
-    fn new(s: TcpStream, desc: String) -> io::Result<TcpLink> {
-        s.set_read_timeout(None)?;
-        s.set_nonblocking(true)?;
-        Ok(TcpLink { s, desc, sent: 0 })
+    fn new(s: Vec<TcpStream>, desc: String) -> io::Result<TcpLink> {
+        if s.is_empty() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "no connection"));
+        }
+        for c in &s {
+            c.set_read_timeout(None)?;
+            c.set_nonblocking(true)?;
+        }
+        Ok(TcpLink {
+            s,
+            desc,
+            sent: 0,
+            received: 0,
+        })
+    }
+
+    /// The connection carrying byte `off` of the stream, and how many bytes from `off` on it
+    /// may take before the next stripe.
+    fn route(&self, off: u64) -> (usize, u64) {
+        if self.s.len() == 1 {
+            return (0, u64::MAX);
+        }
+        (
+            ((off / STRIPE) % self.s.len() as u64) as usize,
+            STRIPE - off % STRIPE,
+        )
     }
 }
 
@@ -393,46 +496,71 @@ impl Link for TcpLink {
         self.desc.clone()
     }
     fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
-        if data.is_empty() {
-            return Ok(0);
-        }
-        match self.s.write(data) {
-            Ok(n) => {
-                self.sent += n as u64;
-                Ok(n)
+        let mut done = 0;
+        while done < data.len() {
+            let (k, room) = self.route(self.sent);
+            let want = (data.len() - done).min(usize::try_from(room).unwrap_or(usize::MAX));
+            match self.s[k].write(&data[done..done + want]) {
+                Ok(n) => {
+                    self.sent += n as u64;
+                    done += n;
+                    if n < want {
+                        break; // this connection's buffer is full
+                    }
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted =>
+                {
+                    break
+                }
+                Err(e) if gone(&e) => {
+                    return Err(LinkError::PeerGone(format!("{}: {e}", self.desc)))
+                }
+                Err(e) => return Err(LinkError::Io(e)),
             }
-            Err(e)
-                if e.kind() == io::ErrorKind::WouldBlock
-                    || e.kind() == io::ErrorKind::Interrupted =>
-            {
-                Ok(0)
-            }
-            Err(e) if gone(&e) => Err(LinkError::PeerGone(format!("{}: {e}", self.desc))),
-            Err(e) => Err(LinkError::Io(e)),
         }
+        Ok(done)
     }
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        match self.s.read(buf) {
-            Ok(0) => Err(LinkError::PeerGone(format!(
-                "{}: connection closed by peer",
-                self.desc
-            ))),
-            Ok(n) => Ok(n),
-            Err(e)
-                if e.kind() == io::ErrorKind::WouldBlock
-                    || e.kind() == io::ErrorKind::Interrupted =>
-            {
-                Ok(0)
+        let mut done = 0;
+        while done < buf.len() {
+            let (k, room) = self.route(self.received);
+            let want = (buf.len() - done).min(usize::try_from(room).unwrap_or(usize::MAX));
+            match self.s[k].read(&mut buf[done..done + want]) {
+                Ok(0) => {
+                    return Err(LinkError::PeerGone(format!(
+                        "{}: connection closed by peer",
+                        self.desc
+                    )))
+                }
+                Ok(n) => {
+                    self.received += n as u64;
+                    done += n;
+                    if n < want {
+                        break; // nothing more on this connection yet
+                    }
+                }
+                Err(e)
+                    if e.kind() == io::ErrorKind::WouldBlock
+                        || e.kind() == io::ErrorKind::Interrupted =>
+                {
+                    break
+                }
+                Err(e) if gone(&e) => {
+                    return Err(LinkError::PeerGone(format!("{}: {e}", self.desc)))
+                }
+                Err(e) => return Err(LinkError::Io(e)),
             }
-            Err(e) if gone(&e) => Err(LinkError::PeerGone(format!("{}: {e}", self.desc))),
-            Err(e) => Err(LinkError::Io(e)),
         }
+        Ok(done)
     }
     fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.s.as_raw_fd())
+        Some(self.s[self.route(self.received).0].as_raw_fd())
+    }
+    fn poll_fd_for(&self, send: bool) -> Option<RawFd> {
+        let off = if send { self.sent } else { self.received };
+        Some(self.s[self.route(off).0].as_raw_fd())
     }
     fn bytes_sent(&self) -> u64 {
         self.sent
@@ -467,6 +595,50 @@ mod tests {
     }
 
     #[test]
+    fn striped_links_keep_the_byte_order_in_both_directions() {
+        let lo = vec![Rail {
+            ifname: "lo".into(),
+            ip: Ipv4Addr::LOCALHOST,
+            prefix: 8,
+        }];
+        let a = TcpNet::start(lo.clone(), "s").unwrap();
+        let b = TcpNet::start(lo, "s").unwrap();
+        for streams in [1usize, 2, 3] {
+            let chan = 4 + streams;
+            let mut l1 = a
+                .connect(9, 0, chan, 0, &b.addrs, Duration::from_secs(2), streams)
+                .unwrap();
+            // the acceptor learns the count from the connector's hellos
+            let mut l2 = b
+                .accept(9, 0, chan, Duration::from_secs(2))
+                .unwrap()
+                .expect("accepted");
+            assert_eq!((l1.s.len(), l2.s.len()), (streams, streams));
+            // 1 MiB + 17 bytes of a pattern that repeats with no stripe's period, in uneven
+            // pieces, both directions at once
+            let n = (1 << 20) + 17;
+            let data: Vec<u8> = (0..n).map(|i| (i * 31 + i / 7) as u8).collect();
+            let (mut got1, mut got2) = (vec![0u8; n], vec![0u8; n]);
+            let (mut s1, mut s2, mut r1, mut r2) = (0, 0, 0, 0);
+            let mut step = 1usize;
+            while r1 < n || r2 < n {
+                step = step * 7 % 100_003 + 1;
+                if s1 < n {
+                    s1 += l1.try_send(&data[s1..n.min(s1 + step)]).unwrap();
+                }
+                if s2 < n {
+                    s2 += l2.try_send(&data[s2..n.min(s2 + step / 2 + 1)]).unwrap();
+                }
+                r2 += l2.try_recv(&mut got2[r2..n.min(r2 + step + 5)]).unwrap();
+                r1 += l1.try_recv(&mut got1[r1..]).unwrap();
+            }
+            assert!(got2 == data, "{streams} streams: 1 -> 2 reordered");
+            assert!(got1 == data, "{streams} streams: 2 -> 1 reordered");
+            assert!(l1.poll_fd_for(true).is_some() && l2.poll_fd_for(false).is_some());
+        }
+    }
+
+    #[test]
     fn authenticated_link_moves_bytes_and_wrong_secret_is_refused() {
         let lo = vec![Rail {
             ifname: "lo".into(),
@@ -476,7 +648,7 @@ mod tests {
         let a = TcpNet::start(lo.clone(), "s").unwrap();
         let b = TcpNet::start(lo.clone(), "s").unwrap();
         let mut l1 = a
-            .connect(7, 0, 1, 0, &b.addrs, Duration::from_secs(2))
+            .connect(7, 0, 1, 0, &b.addrs, Duration::from_secs(2), 1)
             .unwrap();
         let mut l2 = b
             .accept(7, 0, 1, Duration::from_secs(2))
@@ -495,7 +667,7 @@ mod tests {
         assert!(got.iter().all(|&x| x == 5));
         let evil = TcpNet::start(lo, "other").unwrap();
         assert!(evil
-            .connect(7, 3, 0, 0, &b.addrs, Duration::from_secs(2))
+            .connect(7, 3, 0, 0, &b.addrs, Duration::from_secs(2), 1)
             .is_err());
         assert!(b
             .accept(7, 3, 0, Duration::from_millis(200))
