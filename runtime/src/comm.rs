@@ -459,11 +459,20 @@ impl Communicator {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let here = peers
+        let on_kernel: Vec<&PeerInfo> = peers
             .iter()
             .filter(|p| !p.kernel.is_empty() && p.kernel == peers[rank].kernel)
-            .count();
+            .collect();
+        let here = on_kernel.len();
         crate::transport::set_oversubscribed(here > cpus);
+        let mut hosts: Vec<&str> = on_kernel.iter().map(|p| p.host_id.as_str()).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        if here > cpus && hosts.len() > 1 {
+            if let Some(i) = on_kernel.iter().position(|p| p.rank == rank) {
+                crate::transport::set_kernel_slot(i, here);
+            }
+        }
         let peers = Arc::new(peers);
         Self::build(
             rank,
@@ -592,7 +601,17 @@ impl Communicator {
         let sharers: Vec<usize> = (0..bindings.len())
             .filter(|&i| bindings[i].cpus == me.cpus)
             .collect();
-        let cpus = if !me.cpus.is_empty()
+        let cpus = if let (Some((i, n)), false) =
+            (crate::transport::kernel_slot(), me.cpus.is_empty())
+        {
+            // Several nodes on one kernel (emulated hosts): give each node its own share of the
+            // CPUs, as real nodes have, by pinning the kernel's ranks in rank order in blocks.
+            // A node's ranks then wait on each other on their own CPUs, and the network peers
+            // of a ring (other nodes) run beside them instead of on the same CPU.
+            let c = vec![me.cpus[(i * me.cpus.len() / n.max(1)).min(me.cpus.len() - 1)]];
+            tracing::info!(target: "railring::topo", rank, "{n} ranks of several nodes share this kernel's CPUs {}: pinned to CPU {} (rank {i} of {n} here, in blocks)", crate::topology::format_cpulist(&me.cpus), c[0]);
+            c
+        } else if !me.cpus.is_empty()
             && (sharers.len() > me.cpus.len() || crate::transport::oversubscribed())
         {
             let k = sharers.iter().position(|&i| i == local_rank).unwrap_or(0);

@@ -157,6 +157,19 @@ pub fn set_oversubscribed(v: bool) {
     OVERSUBSCRIBED.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Where this rank sits among the job's ranks on this kernel — (index, count) in rank order —
+/// when several nodes share the kernel's CPUs (emulated hosts, containers) and ranks outnumber
+/// them; set at start-up.
+static KERNEL_SLOT: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+
+pub fn set_kernel_slot(index: usize, count: usize) {
+    let _ = KERNEL_SLOT.set((index, count));
+}
+
+pub fn kernel_slot() -> Option<(usize, usize)> {
+    KERNEL_SLOT.get().copied()
+}
+
 /// True when ranks on this machine outnumber its CPUs: waits then yield rather than spin.
 pub fn oversubscribed() -> bool {
     OVERSUBSCRIBED.load(std::sync::atomic::Ordering::Relaxed)
