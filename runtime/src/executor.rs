@@ -196,15 +196,40 @@ impl<'a> Executor<'a> {
         op: ReduceOp,
         bufs: Bufs,
     ) -> Result<()> {
+        // A leading in-node reduce-scatter can read an out-of-place input directly when the plan
+        // ends with the matching all-gather: the reduce-scatter writes this rank's slice, the
+        // network steps work inside it, the all-gather writes every other slice — no pass that
+        // first copies the input over the result.
+        let rs_src = match (plan.steps.first(), plan.steps.last()) {
+            (
+                Some(Step::NodeReduceScatter { group, slices }),
+                Some(Step::NodeAllGather {
+                    group: g2,
+                    slices: s2,
+                }),
+            ) => plan.steps.len() >= 2 && group == g2 && slices == s2,
+            _ => false,
+        };
+        self.run_with(plan, desc, op, bufs, rs_src)
+    }
+
+    /// [`Self::run`]; `rs_src`: the plan's leading reduce-scatter may read `bufs.src` directly
+    /// (the caller guarantees every other slice of `work` is written later).
+    unsafe fn run_with(
+        &mut self,
+        plan: &Plan,
+        desc: &CallDesc,
+        op: ReduceOp,
+        bufs: Bufs,
+        rs_src: bool,
+    ) -> Result<()> {
         let dtype = desc.dtype;
         let esz = dtype.size();
         let mut hdr_sent: HashSet<(usize, usize)> = HashSet::new();
         let mut hdr_recv: HashSet<(usize, usize)> = HashSet::new();
         let d = desc.encode();
         let mut src = bufs.src.filter(|&p| p != bufs.work as *const u8);
-        let starts_fused = matches!(plan.steps.first(), Some(Step::NodeReduceScatter { group, .. }) if group.len() == self.size && self.size > 1)
-            && matches!(plan.steps.get(1), Some(Step::NodeAllGather { .. }));
-        if let (Some(p), false) = (src, starts_fused) {
+        if let (Some(p), false) = (src, rs_src) {
             std::ptr::copy(p, bufs.work, bufs.work_bytes);
             src = None;
         }
@@ -408,9 +433,9 @@ impl<'a> Executor<'a> {
                     - off
             })
             .collect();
-        if let Some(src) = bufs.src.filter(|&p| p != bufs.work as *const u8) {
-            std::ptr::copy(src, bufs.work, bufs.work_bytes);
-        }
+        // Out of place, each segment's reduce-scatter reads the input directly; its all-gather
+        // later writes the rest of the segment.
+        let src = bufs.src.filter(|&p| p != bufs.work as *const u8);
         let (rank, size, timeout, chunk) = (self.rank, self.size, self.timeout, self.chunk);
         let links: &mut dyn Links = &mut *self.links;
         let staging: &mut Vec<u64> = &mut *self.staging;
@@ -464,7 +489,12 @@ impl<'a> Executor<'a> {
             let mut result = Ok(());
             for (k, (off, rs, _, _)) in parts.iter().enumerate() {
                 let b = seg_bufs(*off, lens[k]);
-                if let Err(e) = main.run(rs, desc, op, b) {
+                let with_src = Bufs {
+                    src: src.map(|p| p.add(off * esz)),
+                    ..b
+                };
+                let is_rs = matches!(rs.steps[..], [Step::NodeReduceScatter { .. }]);
+                if let Err(e) = main.run_with(rs, desc, op, with_src, is_rs) {
                     result = Err(e);
                     break;
                 }
