@@ -84,7 +84,20 @@ fn direct(
             for k in kids.iter_mut() {
                 let _ = k.kill();
             }
-            panic!("ranks did not finish within {limit:?}");
+            // say who hung and what the others said (the first failure is usually the cause)
+            let mut report = String::new();
+            for (i, o) in outs.iter().enumerate() {
+                match o {
+                    None => report.push_str(&format!("rank {i}: still running\n")),
+                    Some(o) => report.push_str(&format!(
+                        "rank {i}: exit {:?}\n{}{}\n",
+                        o.code,
+                        o.stdout.chars().take(2000).collect::<String>(),
+                        o.stderr.chars().take(2000).collect::<String>()
+                    )),
+                }
+            }
+            panic!("ranks did not finish within {limit:?}:\n{report}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }

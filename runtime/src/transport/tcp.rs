@@ -176,21 +176,32 @@ struct Hello {
     comm: u64,
     from: u32,
     chan: u32,
+    /// This connection's index among its link's connections, and their count (the connecting
+    /// side decides; the acceptor follows).
+    index: u32,
+    count: u32,
 }
 
+const HELLO: usize = 24;
+
 impl Hello {
-    fn bytes(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
+    fn bytes(&self) -> [u8; HELLO] {
+        let mut b = [0u8; HELLO];
         b[..8].copy_from_slice(&self.comm.to_le_bytes());
         b[8..12].copy_from_slice(&self.from.to_le_bytes());
-        b[12..].copy_from_slice(&self.chan.to_le_bytes());
+        b[12..16].copy_from_slice(&self.chan.to_le_bytes());
+        b[16..20].copy_from_slice(&self.index.to_le_bytes());
+        b[20..24].copy_from_slice(&self.count.to_le_bytes());
         b
     }
-    fn parse(b: &[u8; 16]) -> Hello {
+    fn parse(b: &[u8; HELLO]) -> Hello {
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         Hello {
             comm: u64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
-            from: u32::from_le_bytes(b[8..12].try_into().unwrap_or_default()),
-            chan: u32::from_le_bytes(b[12..].try_into().unwrap_or_default()),
+            from: u32_at(8),
+            chan: u32_at(12),
+            index: u32_at(16),
+            count: u32_at(20),
         }
     }
 }
@@ -199,12 +210,6 @@ impl Hello {
 pub const MAX_STREAMS: usize = 16;
 /// Bytes sent on one connection before the next takes over, when a link has several.
 const STRIPE: u64 = 64 << 10;
-
-/// The `chan` word of a hello: bits 0-15 the channel, 16-23 this connection's index within its
-/// link, 24-31 the link's connection count (the connecting side decides; the acceptor follows).
-fn chan_word(chan: usize, index: usize, count: usize) -> u32 {
-    (chan as u32 & 0xffff) | ((index as u32 & 0xff) << 16) | ((count as u32 & 0xff) << 24)
-}
 
 /// Connections of one link that have arrived so far, keyed by (comm, from, channel).
 struct Arrivals {
@@ -216,10 +221,9 @@ type Pending = Arc<(Mutex<HashMap<(u64, u32, u32), Arrivals>>, Condvar)>;
 /// File an accepted connection under its link; a connection whose hello is inconsistent with
 /// its link's earlier ones (count, index) is dropped.
 fn file_arrival(pending: &Pending, h: &Hello, s: TcpStream) {
-    let chan = h.chan & 0xffff;
-    let index = ((h.chan >> 16) & 0xff) as usize;
-    let count = (((h.chan >> 24) & 0xff) as usize).max(1);
-    if count > MAX_STREAMS || index >= count {
+    let chan = h.chan;
+    let (index, count) = (h.index as usize, h.count as usize);
+    if count == 0 || count > MAX_STREAMS || index >= count {
         return;
     }
     let (m, cv) = &**pending;
@@ -365,7 +369,9 @@ impl TcpNet {
             &Hello {
                 comm,
                 from: me as u32,
-                chan: chan_word(chan, index, streams),
+                chan: chan as u32,
+                index: index as u32,
+                count: streams as u32,
             }
             .bytes(),
         )?;
@@ -386,7 +392,7 @@ impl TcpNet {
         chan: usize,
         timeout: Duration,
     ) -> io::Result<Option<TcpLink>> {
-        let key = (comm, peer as u32, chan as u32 & 0xffff);
+        let key = (comm, peer as u32, chan as u32);
         let (m, cv) = &*self.pending;
         let deadline = Instant::now() + timeout;
         let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -436,7 +442,7 @@ fn accept_one(mut s: TcpStream, secret: &[u8]) -> io::Result<(Hello, TcpStream)>
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     auth::server_handshake(&mut s, secret, Some("data"))
         .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
-    let mut b = [0u8; 16];
+    let mut b = [0u8; HELLO];
     s.read_exact(&mut b)?;
     Ok((Hello::parse(&b), s))
 }
@@ -636,6 +642,34 @@ mod tests {
             assert!(got1 == data, "{streams} streams: 2 -> 1 reordered");
             assert!(l1.poll_fd_for(true).is_some() && l2.poll_fd_for(false).is_some());
         }
+    }
+
+    #[test]
+    fn links_on_channels_that_differ_only_above_16_bits_stay_apart() {
+        // the point-to-point channel is 1 << 16: its connections must not be taken for channel
+        // 0's (a 16-bit channel field once merged them and dropped one set)
+        let lo = vec![Rail {
+            ifname: "lo".into(),
+            ip: Ipv4Addr::LOCALHOST,
+            prefix: 8,
+        }];
+        let a = TcpNet::start(lo.clone(), "s").unwrap();
+        let b = TcpNet::start(lo, "s").unwrap();
+        let t = Duration::from_secs(2);
+        let mut c0 = a.connect(3, 0, 0, 0, &b.addrs, t, 3).unwrap();
+        let mut c1 = a.connect(3, 0, 1 << 16, 0, &b.addrs, t, 3).unwrap();
+        let mut r1 = b.accept(3, 0, 1 << 16, t).unwrap().expect("p2p link");
+        let mut r0 = b.accept(3, 0, 0, t).unwrap().expect("channel 0 link");
+        assert_eq!(c0.try_send(&[7u8; 3]).unwrap(), 3);
+        assert_eq!(c1.try_send(&[9u8; 3]).unwrap(), 3);
+        let (mut g0, mut g1) = ([0u8; 3], [0u8; 3]);
+        let (mut n0, mut n1) = (0, 0);
+        let deadline = Instant::now() + t;
+        while (n0 < 3 || n1 < 3) && Instant::now() < deadline {
+            n0 += r0.try_recv(&mut g0[n0..]).unwrap();
+            n1 += r1.try_recv(&mut g1[n1..]).unwrap();
+        }
+        assert_eq!((g0, g1), ([7u8; 3], [9u8; 3]));
     }
 
     #[test]
