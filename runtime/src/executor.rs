@@ -390,6 +390,9 @@ impl<'a> Executor<'a> {
     ) -> Result<()> {
         use std::sync::mpsc;
         let esz = desc.dtype.size();
+        // Split by step kind, not by position (`Plan::split_for_device`): a rank whose ring slice
+        // is empty has [RS, AG] with nothing between, and its AG must still wait until after every
+        // segment's RS, as its node's peers run theirs.
         let split_plan = |p: &Plan| -> (Plan, Plan, Plan) {
             let mut rs = Vec::new();
             let mut net = Vec::new();
