@@ -1501,6 +1501,7 @@ impl Inner {
             timeout: self.cfg.timeout,
             chunk: self.cfg.net_chunk,
             staging: &mut self.staging,
+            mem: None,
         };
         let bufs = Bufs {
             work: work.as_mut_ptr(),
@@ -1759,6 +1760,7 @@ impl Inner {
             timeout: self.cfg.timeout,
             chunk: self.cfg.net_chunk,
             staging: &mut self.staging,
+            mem: None,
         };
         // SAFETY: the slices outlive the call.
         unsafe {

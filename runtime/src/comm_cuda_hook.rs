@@ -320,6 +320,7 @@ unsafe fn run_steps(
         timeout: g.cfg.timeout,
         chunk: g.cfg.net_chunk,
         staging: &mut g.staging,
+        mem: None,
     };
     let bufs = Bufs {
         work,

@@ -8,10 +8,13 @@
 //!   kind, dtype, count, op, root); a peer whose descriptor differs fails the call naming both.
 //! - A `NodeReduceScatter` immediately followed by a `NodeAllGather` over the same group and
 //!   slices runs as one pipelined in-node all-reduce.
+//! - With `mem` set (GPUDirect RDMA: device buffers, device-resident link rings) the executor
+//!   runs only exchanges; data moves through the links' memory-kind calls, received chunks are
+//!   staged and reduced by the [`DataMem`] (a device kernel), descriptors stay host memory.
 
 use crate::error::{Error, Result};
 use crate::transport::shm::{NodeMode, DESC};
-use crate::transport::{Backoff, Link, LinkError, NodeFabric};
+use crate::transport::{Backoff, DataMem, Link, LinkError, MemKind, NodeFabric};
 use railring_collectives::plan::{Buf, CollKind, Plan, Region, Step};
 use railring_collectives::{kernels, DataType, ReduceOp};
 use std::collections::HashSet;
@@ -108,6 +111,10 @@ pub struct Executor<'a> {
     /// Receive-reduce chunk in bytes.
     pub chunk: usize,
     pub staging: &'a mut Vec<u64>,
+    /// `Some` when the buffers are not host memory (GPUDirect: device memory): network steps
+    /// move them through the links' memory-kind calls and reduce received chunks here. Such an
+    /// executor runs network exchanges only.
+    pub mem: Option<&'a mut dyn DataMem>,
 }
 
 /// A `Links` for an executor that only runs in-node steps.
@@ -229,6 +236,23 @@ impl<'a> Executor<'a> {
         let mut hdr_recv: HashSet<(usize, usize)> = HashSet::new();
         let d = desc.encode();
         let mut src = bufs.src.filter(|&p| p != bufs.work as *const u8);
+        if let Some(m) = &self.mem {
+            let kind = m.kind();
+            if src.is_some() {
+                return Err(Error::Plan(format!(
+                    "an out-of-place call on {kind:?} memory reached the network executor"
+                )));
+            }
+            if let Some(s) = plan
+                .steps
+                .iter()
+                .find(|s| !matches!(s, Step::Exchange { .. }))
+            {
+                return Err(Error::Plan(format!(
+                    "step {s:?} on {kind:?} memory: the executor runs only network exchanges there"
+                )));
+            }
+        }
         if let (Some(p), false) = (src, rs_src) {
             std::ptr::copy(p, bufs.work, bufs.work_bytes);
             src = None;
@@ -459,6 +483,7 @@ impl<'a> Executor<'a> {
                         timeout,
                         chunk,
                         staging,
+                        mem: None,
                     };
                     for (k, b) in net_rx {
                         let r = ex.run(nets[k], desc, op, b.0).map(|_| k);
@@ -488,6 +513,7 @@ impl<'a> Executor<'a> {
                 timeout,
                 chunk,
                 staging: &mut scratch,
+                mem: None,
             };
             let mut result = Ok(());
             for (k, (off, rs, _, _)) in parts.iter().enumerate() {
@@ -585,6 +611,21 @@ impl<'a> Executor<'a> {
             None => None,
         };
         let esz = dtype.size();
+        // Where the data is: host memory, or (GPUDirect) memory only the links and `self.mem`
+        // touch. Descriptors are always host memory.
+        let kind = self.mem.as_ref().map(|m| m.kind()).unwrap_or(MemKind::Host);
+        if kind != MemKind::Host {
+            for (l, peer) in [(sl, send.map(|s| s.0)), (rl, recv.map(|r| r.0))] {
+                if let (Some(l), Some(peer)) = (l, peer) {
+                    if !(*l).supports(kind) {
+                        return Err(Error::Plan(format!(
+                            "the link to rank {peer} ({}) cannot move {kind:?} memory",
+                            (*l).describe()
+                        )));
+                    }
+                }
+            }
+        }
         // A send region that overlaps the receive region (recursive doubling exchanges whole
         // buffers) must not see received bytes: send from a snapshot.
         let mut snapshot: Vec<u64> = Vec::new();
@@ -592,6 +633,11 @@ impl<'a> Executor<'a> {
             (Some((p, c, sp, sn, h)), Some((_, _, rp, rn, _)))
                 if (sp as usize) < rp as usize + rn && (rp as usize) < sp as usize + sn =>
             {
+                if kind != MemKind::Host {
+                    return Err(Error::Plan(format!(
+                        "overlapping send and receive regions on {kind:?} memory"
+                    )));
+                }
                 snapshot.resize(sn.div_ceil(8), 0);
                 std::ptr::copy_nonoverlapping(sp, snapshot.as_mut_ptr() as *mut u8, sn);
                 Some((p, c, snapshot.as_ptr() as *const u8, sn, h))
@@ -599,17 +645,23 @@ impl<'a> Executor<'a> {
             _ => send,
         };
         let chunk = (self.chunk / esz).max(1) * esz;
-        if reduce && recv.is_some() && self.staging.len() * 8 < chunk {
-            self.staging.resize(chunk.div_ceil(8), 0);
-        }
-        let stage = self.staging.as_mut_ptr() as *mut u8;
+        let stage = match &mut self.mem {
+            Some(m) if reduce && recv.is_some() => m.stage(chunk)?,
+            Some(_) => std::ptr::null_mut(),
+            None => {
+                if reduce && recv.is_some() && self.staging.len() * 8 < chunk {
+                    self.staging.resize(chunk.div_ceil(8), 0);
+                }
+                self.staging.as_mut_ptr() as *mut u8
+            }
+        };
         // send state
         let mut s_hdr = if send.is_some_and(|s| s.4) { 0 } else { DESC };
         let mut s_off = 0usize;
         let s_len = send.map(|s| s.3).unwrap_or(0);
         // A small send with its descriptor goes out as one write (one packet on TCP).
         let combined: Option<Vec<u8>> = match send {
-            Some((_, _, ptr, n, true)) if n <= 16 << 10 => {
+            Some((_, _, ptr, n, true)) if n <= 16 << 10 && kind == MemKind::Host => {
                 let mut v = Vec::with_capacity(DESC + n);
                 v.extend_from_slice(d);
                 v.extend_from_slice(std::slice::from_raw_parts(ptr, n));
@@ -650,7 +702,7 @@ impl<'a> Executor<'a> {
                         n
                     } else {
                         let n = l
-                            .try_send(std::slice::from_raw_parts(ptr.add(s_off), s_len - s_off))
+                            .try_send_mem(ptr.add(s_off), s_len - s_off, kind)
                             .map_err(|e| self.link_err(peer, e))?;
                         s_off += n;
                         n
@@ -684,24 +736,23 @@ impl<'a> Executor<'a> {
                         n
                     } else if !reduce {
                         let n = l
-                            .try_recv(std::slice::from_raw_parts_mut(
-                                dst.add(r_off),
-                                r_len - r_off,
-                            ))
+                            .try_recv_mem(dst.add(r_off), r_len - r_off, kind)
                             .map_err(|e| self.link_err(peer, e))?;
                         r_off += n;
                         n
                     } else {
                         let want = chunk.min(r_len - r_off);
                         let n = l
-                            .try_recv(std::slice::from_raw_parts_mut(
-                                stage.add(r_fill),
-                                want - r_fill,
-                            ))
+                            .try_recv_mem(stage.add(r_fill), want - r_fill, kind)
                             .map_err(|e| self.link_err(peer, e))?;
                         r_fill += n;
                         if r_fill == want {
-                            kernels::reduce_into_raw(dtype, op, dst.add(r_off), stage, want);
+                            match &mut self.mem {
+                                Some(m) => m.reduce_into(dtype, op, dst.add(r_off), stage, want)?,
+                                None => {
+                                    kernels::reduce_into_raw(dtype, op, dst.add(r_off), stage, want)
+                                }
+                            }
                             r_off += want;
                             r_fill = 0;
                         }

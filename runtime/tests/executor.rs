@@ -5,11 +5,12 @@
 use railring::executor::{Bufs, CallDesc, Executor, Links};
 use railring::transport::mem::{pair, MemLink};
 use railring::transport::shm::{Geometry, Node, ShmFabric};
-use railring::transport::Link;
+use railring::transport::{DataMem, Link, LinkError, MemKind};
 use railring_collectives::build::{algorithms_for, build_plan};
 use railring_collectives::plan::{Algo, CollKind, Layout};
 use railring_collectives::{kernels, DataType, ReduceOp};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,102 @@ struct MemLinks {
     me: usize,
     mailbox: Mailbox,
     map: HashMap<(usize, usize), Box<dyn Link>>,
+    /// Hand out links that also move "device" memory (see [`DevLink`]), counting bytes here.
+    device: Option<Arc<Counts>>,
+}
+
+/// Bytes links moved, by memory kind, and reductions done on "device" memory.
+#[derive(Default)]
+struct Counts {
+    host_sent: AtomicU64,
+    dev_sent: AtomicU64,
+    dev_recv: AtomicU64,
+    dev_reduced: AtomicU64,
+}
+
+const DEV: MemKind = MemKind::Device { ordinal: 0 };
+
+/// A link that accepts "device" memory, which in this test is host memory: stands in for an
+/// RDMA link with device-resident rings (GPUDirect) so the executor's device path runs on CPU.
+struct DevLink {
+    inner: MemLink,
+    counts: Arc<Counts>,
+}
+
+impl Link for DevLink {
+    fn describe(&self) -> String {
+        format!("gpudirect {}", self.inner.describe())
+    }
+    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+        let n = self.inner.try_send(data)?;
+        self.counts.host_sent.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        self.inner.try_recv(buf)
+    }
+    fn supports(&self, mem: MemKind) -> bool {
+        mem == MemKind::Host || mem == DEV
+    }
+    unsafe fn try_send_mem(
+        &mut self,
+        ptr: *const u8,
+        n: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        assert_eq!(mem, DEV, "data must move as device memory");
+        let n = self.inner.try_send(std::slice::from_raw_parts(ptr, n))?;
+        self.counts.dev_sent.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+    unsafe fn try_recv_mem(
+        &mut self,
+        ptr: *mut u8,
+        n: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        assert_eq!(mem, DEV, "data must move as device memory");
+        let n = self
+            .inner
+            .try_recv(std::slice::from_raw_parts_mut(ptr, n))?;
+        self.counts.dev_recv.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+    fn bytes_sent(&self) -> u64 {
+        self.inner.bytes_sent()
+    }
+}
+
+/// "Device" memory for the executor: host memory behind the `DataMem` interface.
+struct FakeDevice {
+    stage: Vec<u64>,
+    counts: Arc<Counts>,
+}
+
+impl DataMem for FakeDevice {
+    fn kind(&self) -> MemKind {
+        DEV
+    }
+    fn stage(&mut self, n: usize) -> railring::Result<*mut u8> {
+        if self.stage.len() * 8 < n {
+            self.stage.resize(n.div_ceil(8), 0);
+        }
+        Ok(self.stage.as_mut_ptr() as *mut u8)
+    }
+    unsafe fn reduce_into(
+        &mut self,
+        dtype: DataType,
+        op: ReduceOp,
+        dst: *mut u8,
+        src: *const u8,
+        n: usize,
+    ) -> railring::Result<()> {
+        kernels::reduce_into_raw(dtype, op, dst, src, n);
+        self.counts
+            .dev_reduced
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 impl Links for MemLinks {
@@ -33,7 +130,14 @@ impl Links for MemLinks {
                     a
                 }
             };
-            self.map.insert((peer, chan), Box::new(l));
+            let l: Box<dyn Link> = match &self.device {
+                Some(c) => Box::new(DevLink {
+                    inner: l,
+                    counts: c.clone(),
+                }),
+                None => Box::new(l),
+            };
+            self.map.insert((peer, chan), l);
         }
         Ok(&mut **self.map.get_mut(&(peer, chan)).unwrap() as *mut dyn Link)
     }
@@ -105,7 +209,28 @@ fn run_case(
     op: ReduceOp,
     slot: usize,
 ) {
+    run_case_on(kind, algo, layout, count, root, dtype, op, slot, false);
+}
+
+/// `device`: run the two-level all-reduce the way device collectives across nodes do — the
+/// plan split into in-node / network / in-node parts, the network part on "device" memory
+/// through a `DataMem` and device-capable links — and check that data crossed the links only as
+/// device memory (host bytes on the links are the call descriptors, nothing else).
+#[allow(clippy::too_many_arguments)]
+fn run_case_on(
+    kind: CollKind,
+    algo: Algo,
+    layout: &Layout,
+    count: usize,
+    root: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    slot: usize,
+    device: bool,
+) {
     let n = layout.size();
+    let counts = Arc::new(Counts::default());
+    let host_hdr_bytes = AtomicU64::new(0);
     let esz = dtype.size();
     let mailbox: Mailbox = Arc::new(Mutex::new(HashMap::new()));
     let tag = format!(
@@ -163,6 +288,8 @@ fn run_case(
                 let mailbox = mailbox.clone();
                 let nodes = &nodes;
                 let barrier = barrier.clone();
+                let counts = counts.clone();
+                let host_hdr_bytes = &host_hdr_bytes;
                 s.spawn(move || {
                     let (k, li) = layout.locate(rank).unwrap();
                     let node = nodes[k].as_ref().map(|(p, g)| {
@@ -181,6 +308,7 @@ fn run_case(
                         me: rank,
                         mailbox,
                         map: HashMap::new(),
+                        device: device.then(|| counts.clone()),
                     };
                     let (work_len, input_len) = match kind {
                         CollKind::ReduceScatter | CollKind::AllGather => (count * n, 0),
@@ -218,6 +346,33 @@ fn run_case(
                             .collect::<Vec<_>>(),
                     );
                     let plan = build_plan(kind, algo, layout, rank, count, root).unwrap();
+                    let split = device.then(|| {
+                        plan.split_for_device()
+                            .unwrap_or_else(|| panic!("layout {:?}: no device split", layout.nodes))
+                    });
+                    if let Some(sp) = &split {
+                        // each (peer, channel) carries one descriptor per call, as host memory
+                        let mut pairs = std::collections::HashSet::new();
+                        for st in &sp.net.steps {
+                            if let railring_collectives::plan::Step::Exchange {
+                                send: Some(x),
+                                ..
+                            } = st
+                            {
+                                if x.region.len > 0 {
+                                    pairs.insert((x.peer, x.chan));
+                                }
+                            }
+                        }
+                        host_hdr_bytes.fetch_add(
+                            (2 * pairs.len() * railring::transport::shm::DESC) as u64,
+                            Ordering::Relaxed,
+                        );
+                    }
+                    let mut fake = FakeDevice {
+                        stage: Vec::new(),
+                        counts: counts.clone(),
+                    };
                     let mut staging = Vec::new();
                     let mut ex = Executor {
                         rank,
@@ -229,6 +384,7 @@ fn run_case(
                         timeout: Duration::from_secs(20),
                         chunk: 1024,
                         staging: &mut staging,
+                        mem: None,
                     };
                     barrier.wait();
                     for seq in 1..=2u64 {
@@ -250,7 +406,27 @@ fn run_case(
                             input_bytes: inp.len(),
                             src: None,
                         };
-                        unsafe { ex.run(&plan, &desc, op, bufs) }.unwrap_or_else(|e| {
+                        let r = match &split {
+                            None => unsafe { ex.run(&plan, &desc, op, bufs) },
+                            Some(sp) => unsafe {
+                                ex.run(&sp.pre, &desc, op, bufs)
+                                    .and_then(|_| {
+                                        let mut dev = Executor {
+                                            rank,
+                                            size: n,
+                                            links: &mut *ex.links,
+                                            fabric: None,
+                                            timeout: Duration::from_secs(20),
+                                            chunk: 1024,
+                                            staging: &mut Vec::new(),
+                                            mem: Some(&mut fake),
+                                        };
+                                        dev.run(&sp.net, &desc, op, bufs)
+                                    })
+                                    .and_then(|_| ex.run(&sp.post, &desc, op, bufs))
+                            },
+                        };
+                        r.unwrap_or_else(|e| {
                             panic!("{kind} {algo} layout {:?} count {count}: {e}", layout.nodes)
                         });
                         if seq == 2 {
@@ -267,6 +443,32 @@ fn run_case(
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     drop(created);
+    if device {
+        let c = &*counts;
+        let (sent, recv, red) = (
+            c.dev_sent.load(Ordering::Relaxed),
+            c.dev_recv.load(Ordering::Relaxed),
+            c.dev_reduced.load(Ordering::Relaxed),
+        );
+        assert_eq!(
+            c.host_sent.load(Ordering::Relaxed),
+            host_hdr_bytes.load(Ordering::Relaxed),
+            "layout {:?} count {count}: only descriptors may cross the links as host memory",
+            layout.nodes
+        );
+        assert_eq!(
+            sent, recv,
+            "layout {:?}: device bytes sent and received",
+            layout.nodes
+        );
+        if layout.nodes.len() > 1 && count >= n {
+            assert!(
+                sent > 0 && red > 0,
+                "layout {:?} count {count}: no device traffic",
+                layout.nodes
+            );
+        }
+    }
     // check every rank, element by element
     for (rank, got) in results {
         let expect: Vec<Option<i64>> = match kind {
@@ -424,4 +626,122 @@ fn other_kinds_every_algorithm() {
             }
         }
     }
+}
+
+#[test]
+fn device_network_steps_move_device_memory_only() {
+    // the shape of device all-reduce across nodes: in-node parts, then the network part on
+    // "device" memory, every dtype and op, several layouts and counts (incl. empty slices)
+    for layout in [
+        Layout::block(4, 2),
+        Layout::block(6, 3),
+        Layout::block(6, 2),
+        Layout::block(3, 1),
+        Layout::block(8, 4),
+    ] {
+        for count in [0, 1, 5, 1000, 5003] {
+            run_case_on(
+                CollKind::AllReduce,
+                Algo::TwoLevel,
+                &layout,
+                count,
+                0,
+                DataType::F32,
+                ReduceOp::Sum,
+                4096,
+                true,
+            );
+        }
+    }
+    for dtype in [
+        DataType::F16,
+        DataType::U8,
+        DataType::F64,
+        DataType::I64,
+        DataType::I32,
+    ] {
+        for op in ReduceOp::ALL {
+            run_case_on(
+                CollKind::AllReduce,
+                Algo::TwoLevel,
+                &Layout::block(4, 2),
+                3001,
+                0,
+                dtype,
+                op,
+                4096,
+                true,
+            );
+        }
+    }
+}
+
+#[test]
+fn host_only_links_refuse_device_memory() {
+    // the default memory-kind calls of a host link
+    let (mut a, _b) = pair(0, 1, 64);
+    let mut x = [0u8; 8];
+    let e = unsafe { a.try_send_mem(x.as_ptr(), 8, DEV) }.unwrap_err();
+    assert!(e.to_string().contains("host memory only"), "{e}");
+    assert!(unsafe { a.try_recv_mem(x.as_mut_ptr(), 8, DEV) }.is_err());
+    assert_eq!(
+        unsafe { a.try_send_mem(x.as_ptr(), 8, MemKind::Host) }.unwrap(),
+        8
+    );
+    // an executor on device memory fails the call up front, naming the link
+    let layout = Layout::block(2, 1);
+    let plan = build_plan(CollKind::AllReduce, Algo::Ring, &layout, 0, 64, 0).unwrap();
+    let mut links = MemLinks {
+        me: 0,
+        mailbox: Arc::new(Mutex::new(HashMap::new())),
+        map: HashMap::new(),
+        device: None,
+    };
+    let counts = Arc::new(Counts::default());
+    let mut fake = FakeDevice {
+        stage: Vec::new(),
+        counts,
+    };
+    let mut staging = Vec::new();
+    let mut ex = Executor {
+        rank: 0,
+        size: 2,
+        links: &mut links,
+        fabric: None,
+        timeout: Duration::from_secs(5),
+        chunk: 1024,
+        staging: &mut staging,
+        mem: Some(&mut fake),
+    };
+    let mut w = vec![0u8; 64 * 4];
+    let desc = CallDesc {
+        seq: 1,
+        kind: CollKind::AllReduce,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        count: 64,
+        root: 0,
+        comm: 1,
+    };
+    let bufs = Bufs {
+        work: w.as_mut_ptr(),
+        work_bytes: w.len(),
+        input: std::ptr::null(),
+        input_bytes: 0,
+        src: None,
+    };
+    let e = unsafe { ex.run(&plan, &desc, ReduceOp::Sum, bufs) }.unwrap_err();
+    assert!(e.to_string().contains("cannot move Device"), "{e}");
+    // and refuses in-node steps on device memory
+    let plan = build_plan(
+        CollKind::AllReduce,
+        Algo::TwoLevel,
+        &Layout::single_node(2),
+        0,
+        64,
+        0,
+    )
+    .unwrap();
+    let e = unsafe { ex.run(&plan, &desc, ReduceOp::Sum, bufs) }.unwrap_err();
+    assert!(e.to_string().contains("only network exchanges"), "{e}");
 }

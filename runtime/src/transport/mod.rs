@@ -76,6 +76,37 @@ pub trait Link: Send {
     fn supports(&self, mem: MemKind) -> bool {
         mem == MemKind::Host
     }
+    /// [`Link::try_send`] from memory of kind `mem` (device memory on a GPUDirect link). Links
+    /// that only move host memory refuse other kinds.
+    ///
+    /// # Safety
+    /// `ptr` valid for reads of `n` bytes of kind `mem`.
+    unsafe fn try_send_mem(
+        &mut self,
+        ptr: *const u8,
+        n: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        match mem {
+            MemKind::Host => self.try_send(std::slice::from_raw_parts(ptr, n)),
+            _ => Err(host_only(&self.describe(), mem)),
+        }
+    }
+    /// [`Link::try_recv`] into memory of kind `mem`.
+    ///
+    /// # Safety
+    /// `ptr` valid for writes of `n` bytes of kind `mem`.
+    unsafe fn try_recv_mem(
+        &mut self,
+        ptr: *mut u8,
+        n: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        match mem {
+            MemKind::Host => self.try_recv(std::slice::from_raw_parts_mut(ptr, n)),
+            _ => Err(host_only(&self.describe(), mem)),
+        }
+    }
     /// Register a buffer with the link (no-op for host-memory links).
     fn register(
         &mut self,
@@ -97,6 +128,37 @@ pub trait Link: Send {
     fn park(&self, _send: bool, _recv: bool, _timeout: Duration) -> bool {
         false
     }
+}
+
+fn host_only(link: &str, mem: MemKind) -> LinkError {
+    LinkError::Io(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        format!("{link} moves host memory only, not {mem:?}"),
+    ))
+}
+
+/// Memory that is not host memory, as the executor sees it when a plan's network steps run on
+/// it directly (GPUDirect RDMA: the buffers are device memory, the links' rings too). The
+/// executor never dereferences such pointers: data moves through the links'
+/// [`Link::try_send_mem`] / [`Link::try_recv_mem`], received chunks are reduced here.
+pub trait DataMem: Send {
+    /// The kind of memory the buffers are (never `Host`).
+    fn kind(&self) -> MemKind;
+    /// A staging area of at least `n` bytes of this kind, kept across calls.
+    fn stage(&mut self, n: usize) -> crate::Result<*mut u8>;
+    /// `dst[..n] = dst op src` elementwise, complete when this returns (the staging area is
+    /// refilled next).
+    ///
+    /// # Safety
+    /// `dst` and `src` valid for `n` bytes of this kind; `n` a multiple of the element size.
+    unsafe fn reduce_into(
+        &mut self,
+        dtype: railring_collectives::DataType,
+        op: railring_collectives::ReduceOp,
+        dst: *mut u8,
+        src: *const u8,
+        n: usize,
+    ) -> crate::Result<()>;
 }
 
 /// An in-node collective engine: the shared-memory fabric on CPU hosts; a CUDA IPC / NVLink
