@@ -3,7 +3,7 @@
 use crate::bootstrap::StoreClient;
 use crate::config::{launch_from_env, Config, Launch};
 use crate::error::{Error, Result};
-use crate::executor::{Bufs, CallDesc, Executor, Links};
+use crate::executor::{Bufs, CallDesc, Executor, Links, DEVICE_CHAN};
 use crate::host;
 use crate::transport::shm::{segment_path, Geometry, Node, ShmFabric, ShmLink};
 use crate::transport::tcp::{discover_rails, RailAddr, TcpNet};
@@ -102,7 +102,15 @@ struct LinkTable {
     /// The RDMA network, when one was selected (`RAILRING_NET`, feature `rdma`).
     #[cfg(feature = "rdma")]
     ib: Option<Arc<crate::transport::rdma::RdmaNet>>,
+    /// Makes device rings for GPUDirect links (channels with [`DEVICE_CHAN`]); set by the
+    /// first device collective when every rank agreed to GPUDirect RDMA.
+    #[cfg(all(feature = "rdma", feature = "cuda"))]
+    dev_rings: Option<RingMaker>,
 }
+
+#[cfg(all(feature = "rdma", feature = "cuda"))]
+type RingMaker =
+    Arc<dyn Fn() -> std::io::Result<Box<dyn crate::transport::rdma::DeviceRings>> + Send + Sync>;
 
 impl Links for LinkTable {
     fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link> {
@@ -112,6 +120,37 @@ impl Links for LinkTable {
         };
         if let Some(l) = self.map.get_mut(&key) {
             return Ok(&mut **l as *mut dyn Link);
+        }
+        if chan & DEVICE_CHAN != 0 && !self.local_index.contains_key(&peer) {
+            #[cfg(all(feature = "rdma", feature = "cuda"))]
+            if let (Some(net), Some(store), Some(make)) = (&self.ib, &self.store, &self.dev_rings) {
+                let what = format!("GPUDirect RDMA link to rank {peer} (channel {chan})");
+                let rings = make().map_err(|e| Error::Transport {
+                    rank: self.me,
+                    what: what.clone(),
+                    err: e,
+                })?;
+                let l = net
+                    .device_link(
+                        store.clone(),
+                        self.comm,
+                        self.me,
+                        peer,
+                        chan,
+                        self.rail,
+                        rings,
+                    )
+                    .map_err(|e| Error::Transport {
+                        rank: self.me,
+                        what,
+                        err: e,
+                    })?;
+                let e = self.map.entry(key).or_insert(Box::new(l));
+                return Ok(&mut **e as *mut dyn Link);
+            }
+            return Err(Error::Plan(format!(
+                "channel {chan} to rank {peer} needs a GPUDirect RDMA link, and this rank has none"
+            )));
         }
         let link: Box<dyn Link> = if let (Some(&li), Some(node)) =
             (self.local_index.get(&peer), &self.node)
@@ -736,6 +775,8 @@ impl Communicator {
             store: store.clone(),
             #[cfg(feature = "rdma")]
             ib: None,
+            #[cfg(all(feature = "rdma", feature = "cuda"))]
+            dev_rings: None,
         };
         let nnodes = layout.nodes.len();
         let inner = Inner {

@@ -10,7 +10,10 @@
 
 use super::{Communicator, Inner, Pending, Shared};
 use crate::error::{Error, Result};
-use crate::executor::{Bufs, Executor};
+use crate::executor::{Bufs, Executor, Links, DEVICE_CHAN};
+#[cfg(feature = "rdma")]
+use crate::transport::cuda::gdr;
+use crate::transport::cuda::gdr::CudaDataMem;
 use crate::transport::cuda::ipc::{self, Verdict};
 use crate::transport::cuda::{
     cuda_err, gpu_fabric, require_driver, FabricSetup, GpuPath, PinnedBuf,
@@ -30,7 +33,103 @@ pub(crate) struct DeviceState {
     /// Several nodes and every node has a direct GPU fabric (agreed by all ranks): in-node steps
     /// run on the device, network steps on a pinned host copy of this rank's slice only.
     hybrid: bool,
+    /// Hybrid, and every rank agreed to GPUDirect RDMA: the network steps run on the device
+    /// buffer itself (device-resident link rings, received chunks reduced by a kernel) instead
+    /// of a pinned host copy of the slice.
+    gdr: Option<CudaDataMem>,
     pinned: PinnedBuf,
+}
+
+/// The links of device network steps: the same peers on channels flagged [`DEVICE_CHAN`]
+/// (GPUDirect links, rings in device memory).
+struct DeviceChannels<'a>(&'a mut dyn Links);
+
+impl Links for DeviceChannels<'_> {
+    fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn crate::transport::Link> {
+        self.0.link(peer, chan | DEVICE_CHAN)
+    }
+    fn host_of(&self, peer: usize) -> String {
+        self.0.host_of(peer)
+    }
+}
+
+/// Why this rank cannot run its network steps on device memory (`Ok(Ok(()))`: it can).
+/// `Err` only for a bad `RAILRING_NET_GDR_LEVEL`.
+#[cfg(feature = "rdma")]
+fn gpudirect_verdict(g: &Inner, ctx: &Arc<CudaContext>) -> Result<std::result::Result<(), String>> {
+    use crate::transport::rdma::{gpu_nic_path, gpudirect_at, parse_gdr_level};
+    let level = parse_gdr_level(std::env::var("RAILRING_NET_GDR_LEVEL").ok().as_deref())
+        .map_err(Error::Invalid)?;
+    let Some(net) = g.links.ib.as_ref() else {
+        return Ok(Err("the network is TCP sockets".into()));
+    };
+    let Some(level) = level else {
+        return Ok(Err("RAILRING_NET_GDR_LEVEL=LOC".into()));
+    };
+    if let Some(why) = gdr::gdr_unsupported(ctx) {
+        return Ok(Err(why));
+    }
+    let hca = net.hca_for_rail(g.rail).to_string();
+    let busid = match crate::transport::cuda::bus_id(ctx.cu_device()) {
+        Ok(b) => b,
+        Err(e) => return Ok(Err(format!("PCI bus id of GPU {}: {e}", ctx.ordinal()))),
+    };
+    let topo = match crate::topology::Topology::discover() {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(format!("topology unknown ({e})"))),
+    };
+    let path = gpu_nic_path(&topo, &busid, &hca);
+    if !gpudirect_at(path, Some(level)) {
+        return Ok(Err(format!(
+            "GPU {busid} -> {hca} is {}, beyond RAILRING_NET_GDR_LEVEL={level}",
+            path.map(|p| p.to_string())
+                .unwrap_or_else(|| "an unknown path".into())
+        )));
+    }
+    let probe = gdr::CudaRings::new(ctx).and_then(|r| net.probe_device_rings(g.rail, &r));
+    Ok(probe.map_err(|e| e.to_string()))
+}
+
+/// Decide GPUDirect RDMA for the network steps, collectively (every rank's links on the
+/// device channels must exist at both ends): all ranks can, or none uses it.
+fn agree_gpudirect(
+    g: &mut Inner,
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+) -> Result<Option<CudaDataMem>> {
+    let rank = g.rank;
+    #[cfg(feature = "rdma")]
+    let mine = gpudirect_verdict(g, ctx)?;
+    #[cfg(not(feature = "rdma"))]
+    let mine: std::result::Result<(), String> =
+        Err("built without the rdma feature (TCP sockets)".into());
+    let store = g
+        .store
+        .clone()
+        .ok_or_else(|| Error::Invalid("several nodes but no store".into()))?;
+    let verdict = Verdict {
+        rank,
+        problem: mine.err(),
+    };
+    let prefix = format!("{}/gdr", ipc::prefix(g.comm, g.seq));
+    match ipc::agree(&store, &prefix, rank, g.size, &verdict, g.cfg.timeout)? {
+        Ok(()) => {
+            tracing::info!(target: "railring::init", rank, "GPUDirect RDMA: network steps read and write device memory (link rings on the GPU)");
+            #[cfg(feature = "rdma")]
+            {
+                let c = ctx.clone();
+                g.links.dev_rings = Some(Arc::new(move || {
+                    gdr::CudaRings::new(&c)
+                        .map(|r| Box::new(r) as Box<dyn crate::transport::rdma::DeviceRings>)
+                }));
+            }
+            Ok(Some(CudaDataMem::new(rank, ctx, stream.clone())?))
+        }
+        Err(why) => {
+            tracing::info!(target: "railring::init", rank, "no GPUDirect RDMA ({why}): network steps on a pinned host copy");
+            Ok(None)
+        }
+    }
 }
 
 type Slot = Arc<Mutex<Option<DeviceState>>>;
@@ -143,11 +242,17 @@ fn ensure_state<'a>(
                 .new_stream()
                 .map_err(|e| cuda_err(rank, "creating a CUDA stream", e))?,
         };
+        let gdr = if hybrid {
+            agree_gpudirect(g, ctx, &stream)?
+        } else {
+            None
+        };
         *slot = Some(DeviceState {
             ordinal: ctx.ordinal(),
             stream,
             path,
             hybrid,
+            gdr,
             pinned: PinnedBuf::new(ctx.clone()),
         });
     }
@@ -209,7 +314,26 @@ fn run_all_reduce(
                                 bytes,
                             )?
                         };
-                        if !split.net.steps.is_empty() {
+                        if let (false, Some(mem)) = (split.net.steps.is_empty(), st.gdr.as_mut()) {
+                            // The in-node steps' writes land before the links read the slice.
+                            st.stream
+                                .synchronize()
+                                .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
+                            // SAFETY: `ptr` is device memory of `bytes` bytes on the device the
+                            // GPUDirect links' rings and `mem` are on; the network steps touch
+                            // only their regions of it, through the links and `mem`.
+                            unsafe {
+                                run_net_on_device(
+                                    g,
+                                    mem,
+                                    &split.net,
+                                    &desc,
+                                    op,
+                                    ptr as *mut u8,
+                                    bytes,
+                                )?
+                            };
+                        } else if !split.net.steps.is_empty() {
                             let (lo, hi) = (split.net_range.0 * esz, split.net_range.1 * esz);
                             let host = st.pinned.ensure(bytes).map_err(|e| {
                                 cuda_err(
@@ -321,6 +445,44 @@ unsafe fn run_steps(
         chunk: g.cfg.net_chunk,
         staging: &mut g.staging,
         mem: None,
+    };
+    let bufs = Bufs {
+        work,
+        work_bytes: bytes,
+        input: std::ptr::null(),
+        input_bytes: 0,
+        src: None,
+    };
+    ex.run(plan, desc, op, bufs)
+}
+
+/// Run the network steps of a plan on device memory: GPUDirect links (device channels),
+/// received chunks reduced on the device by `mem`.
+///
+/// # Safety
+/// `work` device memory of `bytes` bytes on `mem`'s device.
+unsafe fn run_net_on_device(
+    g: &mut Inner,
+    mem: &mut CudaDataMem,
+    plan: &railring_collectives::plan::Plan,
+    desc: &crate::executor::CallDesc,
+    op: ReduceOp,
+    work: *mut u8,
+    bytes: usize,
+) -> Result<()> {
+    let mut links = DeviceChannels(&mut g.links);
+    let mut ex = Executor {
+        rank: g.rank,
+        size: g.size,
+        links: &mut links,
+        fabric: None,
+        timeout: g.cfg.timeout,
+        // Each device reduction of a received chunk is a launch plus a wait (~10 us): at least
+        // 2 MiB per chunk keeps that small next to the transfer, and half a link ring stays free
+        // for the NIC meanwhile.
+        chunk: g.cfg.net_chunk.max(2 << 20),
+        staging: &mut g.staging,
+        mem: Some(mem),
     };
     let bufs = Bufs {
         work,

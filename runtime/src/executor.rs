@@ -91,6 +91,9 @@ impl CallDesc {
 
 /// Channel used by point-to-point calls (separate TCP connections from collectives' rings).
 pub const P2P_CHAN: usize = 1 << 16;
+/// Flag on the channel of links that move device memory (GPUDirect RDMA: rings in device
+/// memory), kept apart from the host-memory links of the same peers.
+pub const DEVICE_CHAN: usize = 1 << 17;
 
 /// Gives the executor a link to a peer on a channel, connecting on first use.
 pub trait Links: Send {

@@ -8,6 +8,9 @@
 //! 1. Every data type and operator, several sizes (one element, odd sizes, several pipeline
 //!    chunks), blocking and non-blocking, element by element against a host reference built
 //!    with the CPU kernels in the same order (so results must be bit-identical).
+//!    Before that, on rank 0, the reduction the GPUDirect network path applies to each received
+//!    chunk (`CudaDataMem`: device staging + kernel) for every type and operator, and whether
+//!    the driver offers GPUDirect RDMA on this GPU.
 //! 2. A railperf-style table (time, algbw, busbw with nccl-tests' formula) of float sum beside
 //!    the device-to-device copy bandwidth (`cuMemcpyDtoD`) of the same size on rank 0.
 //!
@@ -162,6 +165,77 @@ fn check_dtype(
     }
 }
 
+/// Rank `r`'s input of `n` elements of type `d`, as bytes.
+fn encode(d: DataType, n: usize, r: usize) -> Vec<u8> {
+    fn enc<T: Element>(n: usize, r: usize) -> Vec<u8> {
+        let v: Vec<T> = (0..n).map(|i| T::from_i64(value(r, i))).collect();
+        as_bytes(&v).to_vec()
+    }
+    match d {
+        DataType::I8 => enc::<i8>(n, r),
+        DataType::U8 => enc::<u8>(n, r),
+        DataType::I32 => enc::<i32>(n, r),
+        DataType::U32 => enc::<u32>(n, r),
+        DataType::I64 => enc::<i64>(n, r),
+        DataType::U64 => enc::<u64>(n, r),
+        DataType::F16 => enc::<half::f16>(n, r),
+        DataType::Bf16 => enc::<half::bf16>(n, r),
+        DataType::F32 => enc::<f32>(n, r),
+        DataType::F64 => enc::<f64>(n, r),
+    }
+}
+
+/// The GPUDirect network path's reduction of a received chunk (staged in device memory) into
+/// the work buffer, for every type and operator, against the CPU kernels. Returns the failures.
+fn check_chunk_reduction(
+    rank: usize,
+    ctx: &Arc<railring::comm_cuda::cudarc::driver::CudaContext>,
+    stream: &Arc<CudaStream>,
+) -> Result<Vec<String>, String> {
+    use railring::comm_cuda::cudarc::driver::DevicePtrMut;
+    use railring::transport::cuda::gdr::CudaDataMem;
+    use railring::transport::DataMem;
+    let mut mem = CudaDataMem::new(rank, ctx, stream.clone()).map_err(|e| e.to_string())?;
+    let mut bad = Vec::new();
+    for d in DataType::ALL {
+        for op in ReduceOp::ALL {
+            let n = 70_001usize;
+            let esz = d.size();
+            let (a, b) = (encode(d, n, 0), encode(d, n, 1));
+            let mut want = a.clone();
+            kernels::reduce_into(d, op, &mut want, &b);
+            let mut dst = stream.clone_htod(&a).map_err(|e| e.to_string())?;
+            stream.synchronize().map_err(|e| e.to_string())?;
+            let stage = mem.stage(n * esz).map_err(|e| e.to_string())?;
+            // SAFETY: the staging area holds at least n * esz bytes; b is that long.
+            unsafe {
+                railring::comm_cuda::cudarc::driver::sys::cuMemcpyHtoD_v2(
+                    stage as u64,
+                    b.as_ptr() as *const _,
+                    n * esz,
+                )
+            }
+            .result()
+            .map_err(|e| e.to_string())?;
+            {
+                let (p, _w) = dst.device_ptr_mut(stream);
+                // SAFETY: both are device buffers of n * esz bytes on this stream's device.
+                unsafe { mem.reduce_into(d, op, p as *mut u8, stage, n * esz) }
+                    .map_err(|e| e.to_string())?;
+            }
+            let got = stream.clone_dtoh(&dst).map_err(|e| e.to_string())?;
+            stream.synchronize().map_err(|e| e.to_string())?;
+            if got != want {
+                let i = got.iter().zip(&want).position(|(x, y)| x != y).unwrap_or(0) / esz;
+                bad.push(format!(
+                    "GPUDirect chunk reduction {d} {op}: element {i} differs"
+                ));
+            }
+        }
+    }
+    Ok(bad)
+}
+
 fn fmt_size(b: usize) -> String {
     b.to_string()
 }
@@ -192,6 +266,17 @@ fn run(o: &Opts) -> Result<bool, String> {
     let mut cases = 0usize;
     let mut failures = Vec::new();
     let t0 = Instant::now();
+    if rank == 0 {
+        failures.extend(check_chunk_reduction(rank, &ctx, &stream)?);
+        println!(
+            "# GPUDirect chunk reduction: {} types x {} ops, {} wrong; GPUDirect RDMA on this GPU: {}",
+            DataType::ALL.len(),
+            ReduceOp::ALL.len(),
+            failures.len(),
+            railring::transport::cuda::gdr::gdr_unsupported(&ctx)
+                .unwrap_or_else(|| "supported by the driver".into())
+        );
+    }
     // zero elements once
     if let Some(e) = check_dtype(&comm, &stream, DataType::F32, ReduceOp::Sum, 0, false)? {
         failures.push(format!("float sum, 0 elements: {e}"));

@@ -20,6 +20,7 @@
 //! Nothing here runs without `libcuda`: [`driver_present`] guards every entry point, and a
 //! missing driver is a clean error, never a panic.
 
+pub mod gdr;
 pub mod ipc;
 pub mod kernels;
 

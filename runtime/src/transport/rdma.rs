@@ -11,10 +11,15 @@
 //!   the RTR/RTS transitions when the peer's record appears. Data flows only after both sides
 //!   announce RTR (so no write reaches a QP that is not ready). All of it is non-blocking: a
 //!   link that is still connecting moves 0 bytes, and the executor's timeout names the peer.
+//! - **GPUDirect RDMA**: a link made by [`RdmaNet::device_link`] keeps both rings in device
+//!   memory ([`DeviceRings`], allocated by the CUDA side) registered with the HCA, so the NIC
+//!   reads sent data from and writes received data to GPU memory; the link's memory-kind calls
+//!   copy device buffers into and out of the rings on the GPU (after flushing the NIC's writes).
+//!   Used for device collectives when the GPU–NIC path class is within
+//!   `RAILRING_NET_GDR_LEVEL` (default PXB: [`gpudirect_at`]) on every rank; otherwise device
+//!   data is staged through pinned host memory.
 //! - **Registration cache**: [`MrCache`] keyed by (ptr, len), LRU-bounded, serving
-//!   [`Link::register`]. Device memory is registered directly (**GPUDirect RDMA**) only when
-//!   the GPU–NIC path class is PIX or PXB ([`gpudirect_allowed`]); otherwise device data is
-//!   staged through host memory.
+//!   [`Link::register`] (device memory only on GPUDirect links).
 //! - **Selection** ([`select_net`]): `RAILRING_NET=ib|socket|auto` (default `auto`) and
 //!   `RAILRING_IB_HCA` (NCCL grammar, [`hca`]). No usable device, or `ibverbs::devices()`
 //!   failing (as it does without the kernel modules: `Unsupported, os error 38`), selects TCP
@@ -142,7 +147,6 @@ pub fn select_net_from_env() -> Result<NetSelection> {
 /// for TCP. Opening the chosen devices failing also falls back to TCP with an INFO line. The
 /// devices are opened once per process (sub-communicators share them); bad `RAILRING_NET` /
 /// `RAILRING_IB_HCA` values are errors every time.
-#[allow(dead_code)] // called from comm.rs once RDMA links are wired in (docs/gpu-rdma.md)
 pub(crate) fn select_net(rank: usize) -> Result<Option<Arc<RdmaNet>>> {
     static NET: std::sync::Mutex<Option<Option<Arc<RdmaNet>>>> = std::sync::Mutex::new(None);
     let sel = select_net_from_env()?;
@@ -169,7 +173,7 @@ pub(crate) fn select_net(rank: usize) -> Result<Option<Arc<RdmaNet>>> {
 
 /// The link `LinkTable::link` uses for a network peer when RDMA was selected (`Ok(None)`: use
 /// TCP). Errors name the peer and channel.
-#[allow(dead_code, clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn link_for(
     net: Option<&Arc<RdmaNet>>,
     store: Option<&Arc<StoreClient>>,
@@ -219,7 +223,38 @@ pub fn probe_hcas() -> io::Result<Vec<HcaPort>> {
 /// the GPU and the NIC share a PCIe switch (PIX: one switch, PXB: several). Through the host
 /// bridge or across CPUs it is slower than staging through host memory, or unsupported.
 pub fn gpudirect_allowed(path: Option<PathClass>) -> bool {
-    matches!(path, Some(PathClass::Pix) | Some(PathClass::Pxb))
+    gpudirect_at(path, Some(PathClass::Pxb))
+}
+
+/// `RAILRING_NET_GDR_LEVEL` (NCCL's `NCCL_NET_GDR_LEVEL` grammar): the farthest GPU–NIC path
+/// class at which device memory goes to the NIC directly — `LOC` (never), `PIX`, `PXB`
+/// (default), `PHB`, `NODE` or `SYS`, or NCCL's numbers 0..=5 for the same. `Ok(None)`: never.
+pub fn parse_gdr_level(v: Option<&str>) -> std::result::Result<Option<PathClass>, String> {
+    let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(Some(PathClass::Pxb));
+    };
+    Ok(Some(match v.to_ascii_uppercase().as_str() {
+        "LOC" | "0" => return Ok(None),
+        "PIX" | "1" => PathClass::Pix,
+        "PXB" | "2" => PathClass::Pxb,
+        "PHB" | "3" => PathClass::Phb,
+        "NODE" | "4" => PathClass::Node,
+        "SYS" | "5" => PathClass::Sys,
+        _ => {
+            return Err(format!(
+                "RAILRING_NET_GDR_LEVEL={v}: expected LOC, PIX, PXB, PHB, NODE or SYS"
+            ))
+        }
+    }))
+}
+
+/// GPUDirect RDMA at `level` (from [`parse_gdr_level`]) for a GPU–NIC `path` (`None`:
+/// unknown, never; `X` / `NV#` are not GPU–NIC paths and never qualify either).
+pub fn gpudirect_at(path: Option<PathClass>, level: Option<PathClass>) -> bool {
+    match (path, level) {
+        (Some(p), Some(l)) => p >= PathClass::Pix && p <= l,
+        _ => false,
+    }
 }
 
 /// The GPU–NIC path class from the topology (`None` when either device is unknown).
@@ -421,6 +456,50 @@ pub fn conn_keys(comm: u64, chan: usize, from: usize, to: usize) -> (String, Str
 }
 
 // ---------------------------------------------------------------------------------------------
+// GPUDirect rings (the CUDA side implements the trait; this file makes no CUDA calls)
+// ---------------------------------------------------------------------------------------------
+
+/// Device memory holding a GPUDirect link's two rings (send staging and receive), each
+/// [`ring_bytes`] long, and the copies in and out of them. The NIC reads the send ring and
+/// writes the receive ring in device memory directly, so device data never passes through host
+/// memory; the CUDA implementation is `transport::cuda::CudaRings`.
+pub trait DeviceRings: Send {
+    /// CUDA ordinal of the device the rings are on.
+    fn ordinal(&self) -> i32;
+    /// Device addresses of the send and the receive ring.
+    fn rings(&self) -> (u64, u64);
+    /// Copy each `(dst, src, len)` (host or device addresses: unified addressing) and wait until
+    /// all are done.
+    ///
+    /// # Safety
+    /// Every range valid for its access on its side.
+    unsafe fn copy(&mut self, list: &[(u64, u64, usize)]) -> io::Result<()>;
+    /// Make the NIC's completed writes into device memory visible to the device's next reads
+    /// (`cuFlushGPUDirectRDMAWrites`).
+    fn flush_nic_writes(&mut self) -> io::Result<()>;
+}
+
+/// Bytes of each ring of a link (device rings are allocated this size).
+pub fn ring_bytes() -> usize {
+    DEFAULT_SLOTS as usize * DEFAULT_SLOT_BYTES as usize
+}
+
+/// Where a link's rings live.
+enum Rings {
+    Host { send: Vec<u8>, recv: Vec<u8> },
+    Device(Box<dyn DeviceRings>),
+}
+
+impl Rings {
+    fn addrs(&self) -> (u64, u64) {
+        match self {
+            Rings::Host { send, recv } => (send.as_ptr() as u64, recv.as_ptr() as u64),
+            Rings::Device(d) => d.rings(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Verbs (hardware; nothing below runs without an HCA)
 // ---------------------------------------------------------------------------------------------
 
@@ -578,9 +657,6 @@ impl Mr {
 /// The RDMA endpoint of this process: the opened HCA ports (rail i uses port i mod n).
 pub struct RdmaNet {
     devs: Vec<Arc<IbDev>>,
-    /// Per device: may device memory be registered directly (GPUDirect RDMA)? Off until
-    /// [`RdmaNet::decide_gpudirect`] finds a PIX/PXB path from this rank's GPU.
-    gdr: Vec<bool>,
 }
 
 impl RdmaNet {
@@ -596,25 +672,7 @@ impl RdmaNet {
         if devs.is_empty() {
             return Err(io::Error::new(io::ErrorKind::NotFound, errs.join("; ")));
         }
-        let gdr = vec![false; devs.len()];
-        Ok(RdmaNet { devs, gdr })
-    }
-
-    /// Decide GPUDirect RDMA per HCA from the GPU–NIC path class of this rank's GPU (PCI bus
-    /// id): PIX/PXB registers device memory directly, anything else stages through pinned host
-    /// memory. One INFO line per device.
-    pub fn decide_gpudirect(&mut self, topo: &crate::topology::Topology, gpu_busid: &str) {
-        for (i, d) in self.devs.iter().enumerate() {
-            let path = gpu_nic_path(topo, gpu_busid, &d.name);
-            self.gdr[i] = gpudirect_allowed(path);
-            tracing::info!(
-                target: "railring::net",
-                "GPU {gpu_busid} -> {}: {} ({})",
-                d.name,
-                if self.gdr[i] { "GPUDirect RDMA" } else { "staging device data through host memory" },
-                path.map(|p| p.to_string()).unwrap_or_else(|| "path unknown".into())
-            );
-        }
+        Ok(RdmaNet { devs })
     }
 
     pub fn describe(&self) -> String {
@@ -632,6 +690,55 @@ impl RdmaNet {
             .join(", ")
     }
 
+    /// The HCA a rail's links use.
+    pub fn hca_for_rail(&self, rail: usize) -> &str {
+        &self.devs[rail % self.devs.len()].name
+    }
+
+    /// Whether the HCA of `rail` can register these device rings (GPUDirect RDMA needs the
+    /// `nvidia-peermem` module or dma-buf support): registers both, then deregisters.
+    pub fn probe_device_rings(&self, rail: usize, rings: &dyn DeviceRings) -> io::Result<()> {
+        let dev = &self.devs[rail % self.devs.len()];
+        let (s, r) = rings.rings();
+        for a in [s, r] {
+            // SAFETY: the rings are live device memory of ring_bytes() bytes, deregistered at
+            // once.
+            let mr = unsafe { dev.reg(a as usize, ring_bytes()) }.map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("registering device memory with {}: {e}", dev.name),
+                )
+            })?;
+            mr.dereg();
+        }
+        Ok(())
+    }
+
+    /// [`RdmaNet::link`] with its rings in device memory (GPUDirect RDMA): the link moves
+    /// device memory only through the rings' copies, and the NIC reads and writes the rings.
+    #[allow(clippy::too_many_arguments)]
+    pub fn device_link(
+        &self,
+        store: Arc<StoreClient>,
+        comm: u64,
+        me: usize,
+        peer: usize,
+        chan: usize,
+        rail: usize,
+        rings: Box<dyn DeviceRings>,
+    ) -> io::Result<RdmaLink> {
+        let i = rail % self.devs.len();
+        RdmaLink::create(
+            self.devs[i].clone(),
+            store,
+            comm,
+            me,
+            peer,
+            chan,
+            Some(rings),
+        )
+    }
+
     /// Start a link to `peer` on channel `chan` (non-blocking: the connection completes inside
     /// `try_send` / `try_recv` once the peer's record is in the store).
     pub fn link(
@@ -644,15 +751,7 @@ impl RdmaNet {
         rail: usize,
     ) -> io::Result<RdmaLink> {
         let i = rail % self.devs.len();
-        RdmaLink::create(
-            self.devs[i].clone(),
-            store,
-            comm,
-            me,
-            peer,
-            chan,
-            self.gdr[i],
-        )
+        RdmaLink::create(self.devs[i].clone(), store, comm, me, peer, chan, None)
     }
 }
 
@@ -669,8 +768,7 @@ pub struct RdmaLink {
     dev: Arc<IbDev>,
     cq: *mut ffi::ibv_cq,
     qp: *mut ffi::ibv_qp,
-    send_ring: Vec<u8>,
-    recv_ring: Vec<u8>,
+    rings: Rings,
     /// [0]: mailbox the peer writes its consumed count into; [1]: source of our reports.
     mbox: Box<[u64; 2]>,
     send_mr: Mr,
@@ -683,7 +781,6 @@ pub struct RdmaLink {
     peer_keys: (String, String),
     my_rtr_key: String,
     last_check: Instant,
-    gpudirect: bool,
     cache: MrCache<Mr>,
     sent: u64,
     desc: String,
@@ -716,13 +813,19 @@ impl RdmaLink {
         me: usize,
         peer: usize,
         chan: usize,
-        gpudirect: bool,
+        device_rings: Option<Box<dyn DeviceRings>>,
     ) -> io::Result<RdmaLink> {
         let cfg = FlowConfig::new(DEFAULT_SLOTS, DEFAULT_SLOT_BYTES, 2 * DEFAULT_SLOTS + 4)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let ring = cfg.slots as usize * cfg.slot_bytes as usize;
-        let send_ring = vec![0u8; ring];
-        let mut recv_ring = vec![0u8; ring];
+        let rings = match device_rings {
+            Some(d) => Rings::Device(d),
+            None => Rings::Host {
+                send: vec![0u8; ring],
+                recv: vec![0u8; ring],
+            },
+        };
+        let (send_addr, recv_addr) = rings.addrs();
         let mut mbox = Box::new([0u64; 2]);
         // SAFETY: verbs calls on a live context/PD; every pointer is checked; the buffers are
         // owned by the link and outlive their registrations (deregistered in Drop).
@@ -763,10 +866,8 @@ impl RdmaLink {
                 ffi::ibv_destroy_cq(cq);
                 e
             };
-            let send_mr = dev
-                .reg(send_ring.as_ptr() as usize, ring)
-                .map_err(cleanup)?;
-            let recv_mr = match dev.reg(recv_ring.as_mut_ptr() as usize, ring) {
+            let send_mr = dev.reg(send_addr as usize, ring).map_err(cleanup)?;
+            let recv_mr = match dev.reg(recv_addr as usize, ring) {
                 Ok(m) => m,
                 Err(e) => {
                     send_mr.dereg();
@@ -785,14 +886,19 @@ impl RdmaLink {
                 & 0xff_ffff;
             let mut link = RdmaLink {
                 desc: format!(
-                    "rdma {}:{} -> rank {peer} (channel {chan})",
-                    dev.name, dev.port
+                    "rdma {}:{} -> rank {peer} (channel {chan}{})",
+                    dev.name,
+                    dev.port,
+                    if matches!(rings, Rings::Device(_)) {
+                        ", GPUDirect"
+                    } else {
+                        ""
+                    }
                 ),
                 dev,
                 cq,
                 qp,
-                send_ring,
-                recv_ring,
+                rings,
                 mbox,
                 send_mr,
                 recv_mr,
@@ -804,7 +910,6 @@ impl RdmaLink {
                 my_rtr_key: conn_keys(comm, chan, me, peer).1,
                 store,
                 last_check: Instant::now() - Duration::from_secs(1),
-                gpudirect,
                 cache: MrCache::new(64),
                 sent: 0,
                 broken: None,
@@ -817,7 +922,7 @@ impl RdmaLink {
                 gid: ConnInfo::gid_hex(&link.dev.gid),
                 psn,
                 mtu: link.dev.mtu,
-                ring_addr: link.recv_ring.as_ptr() as u64,
+                ring_addr: recv_addr,
                 ring_rkey: link.recv_mr.rkey(),
                 mailbox_addr: link.mbox.as_ptr() as u64,
                 mailbox_rkey: link.mbox_mr.rkey(),
@@ -1137,12 +1242,30 @@ impl RdmaLink {
     }
 }
 
-impl Link for RdmaLink {
-    fn describe(&self) -> String {
-        self.desc.clone()
+impl RdmaLink {
+    /// Refuse memory the rings cannot be filled from or drained into.
+    fn check_kind(&mut self, mem: MemKind) -> Result<(), LinkError> {
+        if Link::supports(self, mem) {
+            return Ok(());
+        }
+        Err(LinkError::Io(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{}: cannot move {mem:?} memory", self.desc),
+        )))
     }
 
-    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+    /// Queue up to `len` bytes from `src` (memory of kind `mem`): take ring slots, copy into
+    /// them (one batch of device copies for device rings), then post the writes.
+    ///
+    /// # Safety
+    /// `src` valid for reads of `len` bytes of kind `mem`.
+    unsafe fn send_from(
+        &mut self,
+        src: *const u8,
+        len: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        self.check_kind(mem)?;
         if !self.progress()? {
             return Ok(0);
         }
@@ -1150,18 +1273,50 @@ impl Link for RdmaLink {
             return Ok(0);
         };
         let (ring, rkey) = (r.ring_addr, r.ring_rkey);
+        let mut posts = Vec::new();
         let mut off = 0;
-        while off < data.len() && self.flow.can_send() {
-            let n = (data.len() - off).min(self.flow.config().slot_bytes as usize);
+        while off < len && self.flow.can_send() {
+            let n = (len - off).min(self.flow.config().slot_bytes as usize);
             let p = match self.flow.post_data(n) {
                 Ok(p) => p,
                 Err(e) => return Err(self.fail(e.to_string())),
             };
-            self.send_ring[p.local_off..p.local_off + n].copy_from_slice(&data[off..off + n]);
-            let local = self.send_ring.as_ptr() as u64 + p.local_off as u64;
-            let lkey = self.send_mr.lkey();
+            posts.push((p, off, n));
+            off += n;
+        }
+        let (send_base, _) = self.rings.addrs();
+        let staged = match &mut self.rings {
+            Rings::Host { send, .. } => {
+                for (p, o, n) in &posts {
+                    // SAFETY: the slot lies inside the ring (flow checks lengths against the
+                    // slot size); the source range is the caller's.
+                    std::ptr::copy_nonoverlapping(
+                        src.add(*o),
+                        send.as_mut_ptr().add(p.local_off),
+                        *n,
+                    );
+                }
+                Ok(())
+            }
+            Rings::Device(d) => {
+                let list: Vec<(u64, u64, usize)> = posts
+                    .iter()
+                    .map(|(p, o, n)| (send_base + p.local_off as u64, src as u64 + *o as u64, *n))
+                    .collect();
+                if list.is_empty() {
+                    Ok(())
+                } else {
+                    d.copy(&list)
+                }
+            }
+        };
+        if let Err(e) = staged {
+            return Err(self.fail(format!("staging into the send ring: {e}")));
+        }
+        let lkey = self.send_mr.lkey();
+        for (p, _, _) in &posts {
             if let Err(e) = self.post_write(
-                local,
+                send_base + p.local_off as u64,
                 p.len,
                 lkey,
                 ring + p.remote_off as u64,
@@ -1171,7 +1326,6 @@ impl Link for RdmaLink {
             ) {
                 return Err(self.fail(e.to_string()));
             }
-            off += n;
         }
         self.sent += off as u64;
         // Piggyback: a link used in both directions reports credit here too.
@@ -1179,31 +1333,92 @@ impl Link for RdmaLink {
         Ok(off)
     }
 
-    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+    /// Hand out up to `len` bytes into `dst` (memory of kind `mem`). Device rings: flush the
+    /// NIC's writes, copy in one batch, and only then consume (credit goes back to the sender
+    /// after the copies are done, so it never overwrites a slot still being read).
+    ///
+    /// # Safety
+    /// `dst` valid for writes of `len` bytes of kind `mem`.
+    unsafe fn recv_into(
+        &mut self,
+        dst: *mut u8,
+        len: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        self.check_kind(mem)?;
         if !self.progress()? {
             return Ok(0);
         }
+        let (_, recv_base) = self.rings.addrs();
         let mut got = 0;
-        while got < buf.len() {
+        let mut list = Vec::new();
+        while got < len {
             let Some((off, avail)) = self.flow.readable() else {
                 break;
             };
-            let n = avail.min(buf.len() - got);
-            buf[got..got + n].copy_from_slice(&self.recv_ring[off..off + n]);
+            let n = avail.min(len - got);
+            match &self.rings {
+                Rings::Host { recv, .. } => {
+                    // SAFETY: flow hands out ranges inside the ring; dst is the caller's.
+                    std::ptr::copy_nonoverlapping(recv.as_ptr().add(off), dst.add(got), n)
+                }
+                Rings::Device(_) => list.push((dst as u64 + got as u64, recv_base + off as u64, n)),
+            }
             if let Err(e) = self.flow.consume(n) {
                 return Err(self.fail(e.to_string()));
             }
             got += n;
         }
+        if let (Rings::Device(d), false) = (&mut self.rings, list.is_empty()) {
+            let r = d.flush_nic_writes().and_then(|_| d.copy(&list));
+            if let Err(e) = r {
+                return Err(self.fail(format!("copying out of the receive ring: {e}")));
+            }
+        }
         let idle = self.flow.readable().is_none();
         self.report_credit(idle)?;
         Ok(got)
     }
+}
+
+impl Link for RdmaLink {
+    fn describe(&self) -> String {
+        self.desc.clone()
+    }
+
+    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+        // SAFETY: a live slice of host memory.
+        unsafe { self.send_from(data.as_ptr(), data.len(), MemKind::Host) }
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        // SAFETY: a live slice of host memory.
+        unsafe { self.recv_into(buf.as_mut_ptr(), buf.len(), MemKind::Host) }
+    }
+
+    unsafe fn try_send_mem(
+        &mut self,
+        ptr: *const u8,
+        n: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        self.send_from(ptr, n, mem)
+    }
+
+    unsafe fn try_recv_mem(
+        &mut self,
+        ptr: *mut u8,
+        n: usize,
+        mem: MemKind,
+    ) -> Result<usize, LinkError> {
+        self.recv_into(ptr, n, mem)
+    }
 
     fn supports(&self, mem: MemKind) -> bool {
-        match mem {
-            MemKind::Host => true,
-            MemKind::Device { .. } => self.gpudirect,
+        match (mem, &self.rings) {
+            (MemKind::Host, _) => true,
+            (MemKind::Device { ordinal }, Rings::Device(d)) => d.ordinal() == ordinal,
+            (MemKind::Device { .. }, Rings::Host { .. }) => false,
         }
     }
 
@@ -1213,10 +1428,10 @@ impl Link for RdmaLink {
         len: usize,
         mem: MemKind,
     ) -> Result<Registration, LinkError> {
-        if matches!(mem, MemKind::Device { .. }) && !self.gpudirect {
+        if !Link::supports(self, mem) {
             return Err(LinkError::Io(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "GPUDirect RDMA is not used on this GPU-NIC path (not PIX/PXB): stage through host memory",
+                "device memory is registered only on GPUDirect links (rings in device memory)",
             )));
         }
         let dev = self.dev.clone();
@@ -1343,6 +1558,26 @@ mod tests {
             assert!(!gpudirect_allowed(Some(c)), "{c}");
         }
         assert!(!gpudirect_allowed(None));
+    }
+
+    #[test]
+    fn gdr_level_parses_like_nccl() {
+        assert_eq!(parse_gdr_level(None), Ok(Some(PathClass::Pxb)));
+        assert_eq!(parse_gdr_level(Some(" ")), Ok(Some(PathClass::Pxb)));
+        assert_eq!(parse_gdr_level(Some("loc")), Ok(None));
+        assert_eq!(parse_gdr_level(Some("0")), Ok(None));
+        assert_eq!(parse_gdr_level(Some("PIX")), Ok(Some(PathClass::Pix)));
+        assert_eq!(parse_gdr_level(Some("3")), Ok(Some(PathClass::Phb)));
+        assert_eq!(parse_gdr_level(Some("sys")), Ok(Some(PathClass::Sys)));
+        let e = parse_gdr_level(Some("fast")).unwrap_err();
+        assert!(e.contains("RAILRING_NET_GDR_LEVEL=fast"), "{e}");
+        // a level admits its own class and every closer one, never an unknown path
+        assert!(gpudirect_at(Some(PathClass::Pix), Some(PathClass::Pxb)));
+        assert!(!gpudirect_at(Some(PathClass::Phb), Some(PathClass::Pxb)));
+        assert!(gpudirect_at(Some(PathClass::Phb), Some(PathClass::Phb)));
+        assert!(gpudirect_at(Some(PathClass::Sys), Some(PathClass::Sys)));
+        assert!(!gpudirect_at(Some(PathClass::Pix), None));
+        assert!(!gpudirect_at(None, Some(PathClass::Sys)));
     }
 
     #[test]
