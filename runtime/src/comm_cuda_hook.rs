@@ -53,45 +53,43 @@ impl Links for DeviceChannels<'_> {
     }
 }
 
-/// Why this rank cannot run its network steps on device memory (`Ok(Ok(()))`: it can).
-/// `Err` only for a bad `RAILRING_NET_GDR_LEVEL`.
+/// Why this rank cannot run its network steps on device memory (`Ok(())`: it can).
 #[cfg(feature = "rdma")]
-fn gpudirect_verdict(g: &Inner, ctx: &Arc<CudaContext>) -> Result<std::result::Result<(), String>> {
-    use crate::transport::rdma::{gpu_nic_path, gpudirect_at, parse_gdr_level};
-    let level = parse_gdr_level(std::env::var("RAILRING_NET_GDR_LEVEL").ok().as_deref())
-        .map_err(Error::Invalid)?;
+fn gpudirect_verdict(g: &Inner, ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
+    use crate::transport::rdma::{gpu_nic_path, gpudirect_at};
     let Some(net) = g.links.ib.as_ref() else {
-        return Ok(Err("the network is TCP sockets".into()));
+        return Err("the network is TCP sockets".into());
     };
-    let Some(level) = level else {
-        return Ok(Err("RAILRING_NET_GDR_LEVEL=LOC".into()));
+    let Some(level) = g.cfg.gdr_level else {
+        return Err("RAILRING_NET_GDR_LEVEL=LOC".into());
     };
     if let Some(why) = gdr::gdr_unsupported(ctx) {
-        return Ok(Err(why));
+        return Err(why);
+    }
+    if !crate::transport::cuda::nvrtc_present() {
+        return Err("NVRTC (libnvrtc.so) is not present to compile the reduction kernels".into());
     }
     let hca = net.hca_for_rail(g.rail).to_string();
-    let busid = match crate::transport::cuda::bus_id(ctx.cu_device()) {
-        Ok(b) => b,
-        Err(e) => return Ok(Err(format!("PCI bus id of GPU {}: {e}", ctx.ordinal()))),
-    };
-    let topo = match crate::topology::Topology::discover() {
-        Ok(t) => t,
-        Err(e) => return Ok(Err(format!("topology unknown ({e})"))),
-    };
+    let busid = crate::transport::cuda::bus_id(ctx.cu_device())
+        .map_err(|e| format!("PCI bus id of GPU {}: {e}", ctx.ordinal()))?;
+    let topo =
+        crate::topology::Topology::discover().map_err(|e| format!("topology unknown ({e})"))?;
     let path = gpu_nic_path(&topo, &busid, &hca);
     if !gpudirect_at(path, Some(level)) {
-        return Ok(Err(format!(
+        return Err(format!(
             "GPU {busid} -> {hca} is {}, beyond RAILRING_NET_GDR_LEVEL={level}",
             path.map(|p| p.to_string())
                 .unwrap_or_else(|| "an unknown path".into())
-        )));
+        ));
     }
-    let probe = gdr::CudaRings::new(ctx).and_then(|r| net.probe_device_rings(g.rail, &r));
-    Ok(probe.map_err(|e| e.to_string()))
+    gdr::CudaRings::new(ctx)
+        .and_then(|r| net.probe_device_rings(g.rail, &r))
+        .map_err(|e| e.to_string())
 }
 
 /// Decide GPUDirect RDMA for the network steps, collectively (every rank's links on the
-/// device channels must exist at both ends): all ranks can, or none uses it.
+/// device channels must exist at both ends): all ranks can, or none uses it. Everything that
+/// can fail on one rank is tried before the agreement and counts as that rank's reason.
 fn agree_gpudirect(
     g: &mut Inner,
     ctx: &Arc<CudaContext>,
@@ -99,10 +97,16 @@ fn agree_gpudirect(
 ) -> Result<Option<CudaDataMem>> {
     let rank = g.rank;
     #[cfg(feature = "rdma")]
-    let mine = gpudirect_verdict(g, ctx)?;
+    let mine = gpudirect_verdict(g, ctx);
     #[cfg(not(feature = "rdma"))]
     let mine: std::result::Result<(), String> =
         Err("built without the rdma feature (TCP sockets)".into());
+    let mut mem = None;
+    let mine = mine.and_then(|()| {
+        CudaDataMem::new(rank, ctx, stream.clone())
+            .map(|m| mem = Some(m))
+            .map_err(|e| e.to_string())
+    });
     let store = g
         .store
         .clone()
@@ -123,7 +127,7 @@ fn agree_gpudirect(
                         .map(|r| Box::new(r) as Box<dyn crate::transport::rdma::DeviceRings>)
                 }));
             }
-            Ok(Some(CudaDataMem::new(rank, ctx, stream.clone())?))
+            Ok(mem)
         }
         Err(why) => {
             tracing::info!(target: "railring::init", rank, "no GPUDirect RDMA ({why}): network steps on a pinned host copy");

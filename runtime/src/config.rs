@@ -2,6 +2,7 @@
 //! them). Bad values are errors naming the variable, never panics.
 
 use crate::error::{Error, Result};
+use crate::topology::PathClass;
 use crate::transport::tcp::MAX_STREAMS;
 use railring_collectives::plan::Algo;
 use std::time::Duration;
@@ -31,6 +32,27 @@ pub struct Config {
     /// `RAILRING_PIPELINE_SEG` (bytes, default 4 MiB; 0 disables): segment size of the
     /// pipelined two-level all-reduce across nodes.
     pub pipeline_seg: usize,
+    /// `RAILRING_NET_GDR_LEVEL` (default PXB; `None`: never): the farthest GPU–NIC path class
+    /// at which device collectives hand GPU memory to the NIC (GPUDirect RDMA).
+    pub gdr_level: Option<PathClass>,
+}
+
+/// `RAILRING_NET_GDR_LEVEL` (NCCL's `NCCL_NET_GDR_LEVEL` grammar): `LOC` (never), `PIX`,
+/// `PXB` (default), `PHB`, `NODE` or `SYS`, or NCCL's numbers 0..=5 for the same. `Ok(None)`:
+/// never.
+pub fn parse_gdr_level(v: Option<&str>) -> std::result::Result<Option<PathClass>, String> {
+    let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(Some(PathClass::Pxb));
+    };
+    Ok(Some(match v.to_ascii_uppercase().as_str() {
+        "LOC" | "0" => return Ok(None),
+        "PIX" | "1" => PathClass::Pix,
+        "PXB" | "2" => PathClass::Pxb,
+        "PHB" | "3" => PathClass::Phb,
+        "NODE" | "4" => PathClass::Node,
+        "SYS" | "5" => PathClass::Sys,
+        _ => return Err("expected LOC, PIX, PXB, PHB, NODE or SYS (or 0-5)".into()),
+    }))
 }
 
 fn var(name: &str) -> Option<String> {
@@ -128,6 +150,14 @@ impl Config {
             )?),
             pipeline_seg: parse_num("RAILRING_PIPELINE_SEG", 4 << 20, 0, 1 << 40)? as usize,
             cost: cost_model()?,
+            gdr_level: {
+                let v = var("RAILRING_NET_GDR_LEVEL");
+                parse_gdr_level(v.as_deref()).map_err(|why| Error::Env {
+                    var: "RAILRING_NET_GDR_LEVEL".into(),
+                    value: v.unwrap_or_default(),
+                    why,
+                })?
+            },
         })
     }
 }
@@ -237,6 +267,20 @@ fn parse_required(name: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gdr_level_parses_like_nccl() {
+        assert_eq!(parse_gdr_level(None), Ok(Some(PathClass::Pxb)));
+        assert_eq!(parse_gdr_level(Some(" ")), Ok(Some(PathClass::Pxb)));
+        assert_eq!(parse_gdr_level(Some("loc")), Ok(None));
+        assert_eq!(parse_gdr_level(Some("0")), Ok(None));
+        assert_eq!(parse_gdr_level(Some("PIX")), Ok(Some(PathClass::Pix)));
+        assert_eq!(parse_gdr_level(Some("3")), Ok(Some(PathClass::Phb)));
+        assert_eq!(parse_gdr_level(Some("node")), Ok(Some(PathClass::Node)));
+        assert_eq!(parse_gdr_level(Some("sys")), Ok(Some(PathClass::Sys)));
+        assert!(parse_gdr_level(Some("fast")).is_err());
+        assert!(parse_gdr_level(Some("6")).is_err());
+    }
     #[test]
     fn sizes() {
         assert_eq!(parse_size("8"), Some(8));

@@ -173,8 +173,9 @@ impl Bufs {
                 len / esz
             )));
         }
-        // SAFETY: bounds checked above.
-        Ok((unsafe { base.add(off) }, n))
+        // Bounds checked above; `wrapping_add` because device buffers are not allocations
+        // Rust knows of (the result is the same).
+        Ok((base.wrapping_add(off), n))
     }
 }
 
@@ -705,7 +706,7 @@ impl<'a> Executor<'a> {
                         n
                     } else {
                         let n = l
-                            .try_send_mem(ptr.add(s_off), s_len - s_off, kind)
+                            .try_send_mem(ptr.wrapping_add(s_off), s_len - s_off, kind)
                             .map_err(|e| self.link_err(peer, e))?;
                         s_off += n;
                         n
@@ -739,19 +740,21 @@ impl<'a> Executor<'a> {
                         n
                     } else if !reduce {
                         let n = l
-                            .try_recv_mem(dst.add(r_off), r_len - r_off, kind)
+                            .try_recv_mem(dst.wrapping_add(r_off), r_len - r_off, kind)
                             .map_err(|e| self.link_err(peer, e))?;
                         r_off += n;
                         n
                     } else {
                         let want = chunk.min(r_len - r_off);
                         let n = l
-                            .try_recv_mem(stage.add(r_fill), want - r_fill, kind)
+                            .try_recv_mem(stage.wrapping_add(r_fill), want - r_fill, kind)
                             .map_err(|e| self.link_err(peer, e))?;
                         r_fill += n;
                         if r_fill == want {
                             match &mut self.mem {
-                                Some(m) => m.reduce_into(dtype, op, dst.add(r_off), stage, want)?,
+                                Some(m) => {
+                                    m.reduce_into(dtype, op, dst.wrapping_add(r_off), stage, want)?
+                                }
                                 None => {
                                     kernels::reduce_into_raw(dtype, op, dst.add(r_off), stage, want)
                                 }

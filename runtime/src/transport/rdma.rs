@@ -16,8 +16,9 @@
 //!   reads sent data from and writes received data to GPU memory; the link's memory-kind calls
 //!   copy device buffers into and out of the rings on the GPU (after flushing the NIC's writes).
 //!   Used for device collectives when the GPU–NIC path class is within
-//!   `RAILRING_NET_GDR_LEVEL` (default PXB: [`gpudirect_at`]) on every rank; otherwise device
-//!   data is staged through pinned host memory.
+//!   `RAILRING_NET_GDR_LEVEL` (default PXB: [`gpudirect_at`]) on every rank and the HCA
+//!   registers device memory (`nvidia-peermem`; dma-buf registration is not implemented);
+//!   otherwise device data is staged through pinned host memory.
 //! - **Registration cache**: [`MrCache`] keyed by (ptr, len), LRU-bounded, serving
 //!   [`Link::register`] (device memory only on GPUDirect links).
 //! - **Selection** ([`select_net`]): `RAILRING_NET=ib|socket|auto` (default `auto`) and
@@ -226,29 +227,7 @@ pub fn gpudirect_allowed(path: Option<PathClass>) -> bool {
     gpudirect_at(path, Some(PathClass::Pxb))
 }
 
-/// `RAILRING_NET_GDR_LEVEL` (NCCL's `NCCL_NET_GDR_LEVEL` grammar): the farthest GPU–NIC path
-/// class at which device memory goes to the NIC directly — `LOC` (never), `PIX`, `PXB`
-/// (default), `PHB`, `NODE` or `SYS`, or NCCL's numbers 0..=5 for the same. `Ok(None)`: never.
-pub fn parse_gdr_level(v: Option<&str>) -> std::result::Result<Option<PathClass>, String> {
-    let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(Some(PathClass::Pxb));
-    };
-    Ok(Some(match v.to_ascii_uppercase().as_str() {
-        "LOC" | "0" => return Ok(None),
-        "PIX" | "1" => PathClass::Pix,
-        "PXB" | "2" => PathClass::Pxb,
-        "PHB" | "3" => PathClass::Phb,
-        "NODE" | "4" => PathClass::Node,
-        "SYS" | "5" => PathClass::Sys,
-        _ => {
-            return Err(format!(
-                "RAILRING_NET_GDR_LEVEL={v}: expected LOC, PIX, PXB, PHB, NODE or SYS"
-            ))
-        }
-    }))
-}
-
-/// GPUDirect RDMA at `level` (from [`parse_gdr_level`]) for a GPU–NIC `path` (`None`:
+/// GPUDirect RDMA at `level` (`RAILRING_NET_GDR_LEVEL`, [`crate::config::parse_gdr_level`]) for a GPU–NIC `path` (`None`:
 /// unknown, never; `X` / `NV#` are not GPU–NIC paths and never qualify either).
 pub fn gpudirect_at(path: Option<PathClass>, level: Option<PathClass>) -> bool {
     match (path, level) {
@@ -695,8 +674,8 @@ impl RdmaNet {
         &self.devs[rail % self.devs.len()].name
     }
 
-    /// Whether the HCA of `rail` can register these device rings (GPUDirect RDMA needs the
-    /// `nvidia-peermem` module or dma-buf support): registers both, then deregisters.
+    /// Whether the HCA of `rail` can register these device rings with `ibv_reg_mr` (GPUDirect
+    /// RDMA through the `nvidia-peermem` kernel module): registers both, then deregisters.
     pub fn probe_device_rings(&self, rail: usize, rings: &dyn DeviceRings) -> io::Result<()> {
         let dev = &self.devs[rail % self.devs.len()];
         let (s, r) = rings.rings();
@@ -1561,16 +1540,7 @@ mod tests {
     }
 
     #[test]
-    fn gdr_level_parses_like_nccl() {
-        assert_eq!(parse_gdr_level(None), Ok(Some(PathClass::Pxb)));
-        assert_eq!(parse_gdr_level(Some(" ")), Ok(Some(PathClass::Pxb)));
-        assert_eq!(parse_gdr_level(Some("loc")), Ok(None));
-        assert_eq!(parse_gdr_level(Some("0")), Ok(None));
-        assert_eq!(parse_gdr_level(Some("PIX")), Ok(Some(PathClass::Pix)));
-        assert_eq!(parse_gdr_level(Some("3")), Ok(Some(PathClass::Phb)));
-        assert_eq!(parse_gdr_level(Some("sys")), Ok(Some(PathClass::Sys)));
-        let e = parse_gdr_level(Some("fast")).unwrap_err();
-        assert!(e.contains("RAILRING_NET_GDR_LEVEL=fast"), "{e}");
+    fn gdr_level_admits_pcie_paths_up_to_it() {
         // a level admits its own class and every closer one, never an unknown path
         assert!(gpudirect_at(Some(PathClass::Pix), Some(PathClass::Pxb)));
         assert!(!gpudirect_at(Some(PathClass::Phb), Some(PathClass::Pxb)));

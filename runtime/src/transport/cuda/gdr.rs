@@ -37,10 +37,18 @@ impl DevAlloc {
 
 impl Drop for DevAlloc {
     fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated in new(), freed once; errors at teardown are ignored.
+        // Links and device state may be dropped on any thread: free on our context, then give
+        // the thread back the context it had.
+        let mut prev: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: plain driver calls; `prev` is written by the driver. Allocated in new(),
+        // freed once; errors at teardown are ignored.
         unsafe {
+            let _ = sys::cuCtxGetCurrent(&mut prev);
+            let _ = self.ctx.bind_to_thread();
             let _ = sys::cuMemFree_v2(self.ptr);
+            if prev != self.ctx.cu_ctx() {
+                let _ = sys::cuCtxSetCurrent(prev);
+            }
         }
     }
 }
@@ -130,6 +138,9 @@ impl DataMem for CudaDataMem {
         n: usize,
     ) -> Result<()> {
         let rank = self.rank;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err(rank, "binding the CUDA context", e))?;
         let k = op_kernels(rank, &self.ctx, dtype, op)?;
         let bases = [dst as u64, src as u64];
         // Pageable host source: the call returns once the 16 bytes are staged, and the copy is
@@ -221,9 +232,11 @@ impl crate::transport::rdma::DeviceRings for CudaRings {
         self.ctx.bind_to_thread().map_err(io::Error::other)?;
         for &(dst, src, n) in list {
             // Unified addressing: the driver picks the direction from the addresses.
-            sys::cuMemcpyAsync(dst, src, n, self.stream.cu_stream())
-                .result()
-                .map_err(|e| io::Error::other(format!("cuMemcpyAsync of {n} bytes: {e}")))?;
+            if let Err(e) = sys::cuMemcpyAsync(dst, src, n, self.stream.cu_stream()).result() {
+                // copies already queued must not outlive the failed call
+                let _ = self.stream.synchronize();
+                return Err(io::Error::other(format!("cuMemcpyAsync of {n} bytes: {e}")));
+            }
         }
         self.stream.synchronize().map_err(io::Error::other)
     }
