@@ -210,7 +210,24 @@ fn ensure_state<'a>(
                 me,
                 timeout: g.cfg.timeout,
             };
-            gpu_fabric(&setup, ctx)?
+            match gpu_fabric(&setup, ctx) {
+                Ok(p) => p,
+                Err(e) if nodes > 1 => {
+                    // The ranks of other nodes are about to wait for this rank's verdict on
+                    // the world path: give it (they stage) rather than leave them waiting
+                    // until the timeout, then fail this call.
+                    if let Some(store) = g.store.clone() {
+                        let v = Verdict {
+                            rank,
+                            problem: Some(format!("GPU fabric setup failed: {e}")),
+                        };
+                        let prefix = format!("{}/world", ipc::prefix(g.comm, g.seq));
+                        let _ = ipc::agree(&store, &prefix, rank, g.size, &v, g.cfg.timeout);
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
         };
         // Across nodes every rank must run the same plan: the hybrid path only when every
         // node has a direct fabric (agreed through the store by all ranks), else all stage.
