@@ -61,47 +61,76 @@ fn direct(
             c.spawn().unwrap()
         })
         .collect();
+    // Read every rank's output while it runs (a rank printing more than a pipe buffer would
+    // otherwise block until the limit).
+    let mut readers: Vec<Option<(ReadJoin, ReadJoin)>> = kids
+        .iter_mut()
+        .map(|k| {
+            Some((
+                read_all(k.stdout.take().unwrap()),
+                read_all(k.stderr.take().unwrap()),
+            ))
+        })
+        .collect();
     let start = Instant::now();
-    let mut outs: Vec<Option<Out>> = (0..n).map(|_| None).collect();
-    while outs.iter().any(|o| o.is_none()) {
+    let mut codes: Vec<Option<Option<i32>>> = (0..n).map(|_| None).collect();
+    while codes.iter().any(|c| c.is_none()) {
         for (i, k) in kids.iter_mut().enumerate() {
-            if outs[i].is_none() {
+            if codes[i].is_none() {
                 if let Ok(Some(st)) = k.try_wait() {
-                    let mut so = String::new();
-                    let mut se = String::new();
-                    use std::io::Read;
-                    k.stdout.take().unwrap().read_to_string(&mut so).unwrap();
-                    k.stderr.take().unwrap().read_to_string(&mut se).unwrap();
-                    outs[i] = Some(Out {
-                        code: st.code(),
-                        stdout: so,
-                        stderr: se,
-                    });
+                    codes[i] = Some(st.code());
                 }
             }
         }
         if start.elapsed() > limit {
             for k in kids.iter_mut() {
                 let _ = k.kill();
+                let _ = k.wait();
             }
-            // say who hung and what the others said (the first failure is usually the cause)
+            // say who hung and what everyone said (the first failure is usually the cause)
             let mut report = String::new();
-            for (i, o) in outs.iter().enumerate() {
-                match o {
-                    None => report.push_str(&format!("rank {i}: still running\n")),
-                    Some(o) => report.push_str(&format!(
-                        "rank {i}: exit {:?}\n{}{}\n",
-                        o.code,
-                        o.stdout.chars().take(2000).collect::<String>(),
-                        o.stderr.chars().take(2000).collect::<String>()
-                    )),
-                }
+            for (i, c) in codes.iter().enumerate() {
+                let (so, se) = readers[i].take().map(join_output).unwrap_or_default();
+                let state = match c {
+                    None => "still running (killed)".to_string(),
+                    Some(c) => format!("exit {c:?}"),
+                };
+                report.push_str(&format!(
+                    "rank {i}: {state}\n{}{}\n",
+                    so.chars().take(2000).collect::<String>(),
+                    se.chars().take(2000).collect::<String>()
+                ));
             }
             panic!("ranks did not finish within {limit:?}:\n{report}");
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    outs.into_iter().map(|o| o.unwrap()).collect()
+    codes
+        .into_iter()
+        .zip(readers)
+        .map(|(c, r)| {
+            let (stdout, stderr) = r.map(join_output).unwrap_or_default();
+            Out {
+                code: c.flatten(),
+                stdout,
+                stderr,
+            }
+        })
+        .collect()
+}
+
+type ReadJoin = std::thread::JoinHandle<String>;
+
+fn read_all(mut r: impl std::io::Read + Send + 'static) -> ReadJoin {
+    std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = r.read_to_end(&mut b);
+        String::from_utf8_lossy(&b).into_owned()
+    })
+}
+
+fn join_output((o, e): (ReadJoin, ReadJoin)) -> (String, String) {
+    (o.join().unwrap_or_default(), e.join().unwrap_or_default())
 }
 
 fn all_ok(outs: &[Out]) {
