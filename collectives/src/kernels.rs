@@ -194,7 +194,7 @@ pub unsafe fn reduce_many_dual(
         if let Some((d2, streaming)) = dst2 {
             if streaming {
                 copy_streaming(d2.add(off), from, k)
-            } else if from != d2.add(off) as *const u8 {
+            } else if !std::ptr::eq(from, d2.add(off)) {
                 std::ptr::copy(from, d2.add(off), k)
             }
         }
@@ -492,7 +492,7 @@ mod tests {
             assert_eq!(*v, i as i32 * 10);
         }
         // unaligned byte buffers
-        let mut raw = vec![0u8; 8 * 3 + 1];
+        let mut raw = [0u8; 8 * 3 + 1];
         let src = [1.5f64, 2.0, -3.0];
         raw[1..].copy_from_slice(as_bytes(&[1.0f64, 1.0, 1.0]));
         reduce_into(DataType::F64, ReduceOp::Sum, &mut raw[1..], as_bytes(&src));

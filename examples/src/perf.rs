@@ -257,6 +257,7 @@ pub trait Backend {
         output: &mut [u8],
     ) -> Result<(), String>;
     /// `iters` calls back to back (non-blocking implementations may overlap them).
+    #[allow(clippy::too_many_arguments)]
     fn calls(
         &self,
         iters: usize,
@@ -405,6 +406,7 @@ fn bytes(v: &mut [u64], n: usize) -> &mut [u8] {
 
 /// Set up buffers for a run. For in-place runs the input is placed inside the output buffer
 /// the way each in-place collective expects it.
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     c: Coll,
     l: &Layout,

@@ -42,11 +42,14 @@ pub struct Communicator {
     sh: Arc<Shared>,
 }
 
+/// Work for the communicator's worker thread.
+type Job = Box<dyn FnOnce() + Send>;
+
 struct Shared {
     inner: Mutex<Inner>,
     turn: Mutex<(u64, u64)>,
     turn_cv: Condvar,
-    worker: Mutex<Option<mpsc::Sender<Box<dyn FnOnce() + Send>>>>,
+    worker: Mutex<Option<mpsc::Sender<Job>>>,
     /// Set once the worker exists: from then on calls take tickets.
     worker_started: std::sync::atomic::AtomicBool,
     rank: usize,
@@ -937,13 +940,13 @@ impl Communicator {
         let (tx, rx) = mpsc::channel();
         let t = self.ticket();
         let sh = self.sh.clone();
-        let job: Box<dyn FnOnce() + Send> = Box::new(move || {
+        let job: Job = Box::new(move || {
             let r = Self::run(&sh, t, f);
             let _ = tx.send(r);
         });
         let mut w = self.sh.worker.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_none() {
-            let (jtx, jrx) = mpsc::channel::<Box<dyn FnOnce() + Send>>();
+            let (jtx, jrx) = mpsc::channel::<Job>();
             let spawned = std::thread::Builder::new()
                 .name("railring-worker".into())
                 .spawn(move || {
@@ -1817,12 +1820,10 @@ impl Inner {
         let seq = self.split_seq;
         let Some(store) = self.store.clone() else {
             // A world of one: the only member.
-            return Ok(color
-                .map(|_| {
-                    let c = Communicator::alone(self.cfg.clone());
-                    c.ok()
-                })
-                .flatten());
+            return Ok(color.and_then(|_| {
+                let c = Communicator::alone(self.cfg.clone());
+                c.ok()
+            }));
         };
         let me = format!("{},{key}", color.map(|c| c as i64).unwrap_or(-1));
         let base = format!("c{:x}/split/{seq}", self.comm);

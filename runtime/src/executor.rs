@@ -167,7 +167,7 @@ impl Bufs {
             .len
             .checked_mul(esz)
             .ok_or_else(|| Error::Plan("region overflow".into()))?;
-        if off.checked_add(n).is_none_or(|e| e > len) {
+        if off.checked_add(n).map_or(true, |e| e > len) {
             return Err(Error::Plan(format!(
                 "region {r} outside a buffer of {} elements",
                 len / esz
@@ -239,7 +239,7 @@ impl<'a> Executor<'a> {
         let mut hdr_sent: HashSet<(usize, usize)> = HashSet::new();
         let mut hdr_recv: HashSet<(usize, usize)> = HashSet::new();
         let d = desc.encode();
-        let mut src = bufs.src.filter(|&p| p != bufs.work as *const u8);
+        let mut src = bufs.src.filter(|&p| !std::ptr::eq(p, bufs.work));
         if let Some(m) = &self.mem {
             let kind = m.kind();
             if src.is_some() {
@@ -466,7 +466,7 @@ impl<'a> Executor<'a> {
             .collect();
         // Out of place, each segment's reduce-scatter reads the input directly; its all-gather
         // later writes the rest of the segment.
-        let src = bufs.src.filter(|&p| p != bufs.work as *const u8);
+        let src = bufs.src.filter(|&p| !std::ptr::eq(p, bufs.work));
         let (rank, size, timeout, chunk) = (self.rank, self.size, self.timeout, self.chunk);
         let links: &mut dyn Links = &mut *self.links;
         let staging: &mut Vec<u64> = &mut *self.staging;
@@ -596,6 +596,7 @@ impl<'a> Executor<'a> {
 
     /// Send and receive concurrently (either may be absent). Tuples: (peer, chan, ptr, bytes,
     /// header first?).
+    #[allow(clippy::too_many_arguments)]
     unsafe fn exchange(
         &mut self,
         send: Option<(usize, usize, *const u8, usize, bool)>,

@@ -607,7 +607,7 @@ fn other_kinds_every_algorithm() {
             ] {
                 for &algo in algorithms_for(kind) {
                     for count in [0, 1, 7, 300] {
-                        let root = if n > 1 { n - 1 } else { 0 };
+                        let root = n.saturating_sub(1);
                         if build_plan(kind, algo, &layout, 0, count, root).is_err() {
                             continue;
                         }

@@ -21,10 +21,13 @@ pub trait Backend: Send + Sync + 'static {
 /// Upper bound on the bytes held by one store (keys + values).
 pub const MAX_STORE_BYTES: usize = 1 << 30;
 
+/// Keys to values, and the bytes they hold.
+type Entries = (HashMap<Vec<u8>, Vec<u8>>, usize);
+
 /// The store's state.
 #[derive(Default)]
 pub struct Store {
-    map: Mutex<(HashMap<Vec<u8>, Vec<u8>>, usize)>,
+    map: Mutex<Entries>,
     cv: Condvar,
 }
 
@@ -33,7 +36,7 @@ impl Store {
         Arc::new(Store::default())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (HashMap<Vec<u8>, Vec<u8>>, usize)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -203,7 +203,7 @@ pub trait NodeFabric: Send {
         desc: &[u8; shm::DESC],
         describe: &dyn Fn(&[u8; shm::DESC]) -> String,
     ) -> crate::Result<()> {
-        if src != work as *const u8 {
+        if !std::ptr::eq(src, work) {
             for &(o, n) in slices {
                 std::ptr::copy(src.add(o), work.add(o), n);
             }

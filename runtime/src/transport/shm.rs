@@ -488,7 +488,7 @@ impl ShmFabric {
         let me = self.node.me;
         let esz = dtype.size();
         if l == 1 {
-            if src != work as *const u8 {
+            if !std::ptr::eq(src, work) {
                 for &(o, n) in slices {
                     std::ptr::copy(src.add(o), work.add(o), n);
                 }
@@ -532,7 +532,7 @@ impl ShmFabric {
         // destination line before it is overwritten. In place, the lines were just read by the
         // copy-in and are cached; streaming measured slower there.
         let total: usize = slices.iter().map(|s| s.1).sum();
-        let stream = total >= STREAM_MIN && src != work as *const u8;
+        let stream = total >= STREAM_MIN && !std::ptr::eq(src, work);
         let copy_out = |d: *mut u8, s: *const u8, n: usize| {
             if stream {
                 kernels::copy_streaming(d, s, n)
