@@ -80,7 +80,7 @@ unsafe fn typed_mut<'a, T>(p: *mut u8, n: usize) -> &'a mut [T] {
 }
 
 fn aligned<T>(p: *const u8) -> bool {
-    (p as usize) % std::mem::align_of::<T>() == 0
+    (p as usize).is_multiple_of(std::mem::align_of::<T>())
 }
 
 /// `dst[i] = dst[i] op src[i]` for every element. `dst` and `src` must have the same length, a
@@ -214,7 +214,7 @@ pub unsafe fn reduce_many_dual(
     let acc = acc.as_mut_ptr() as *mut u8;
     let esz = dtype.size();
     // (every dtype's alignment equals its size)
-    let al = |p: *const u8| p as usize % esz == 0;
+    let al = |p: *const u8| (p as usize).is_multiple_of(esz);
     let d = dst as *const u8;
     let fused = al(d)
         && srcs.iter().all(|&s| al(s))

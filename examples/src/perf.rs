@@ -335,7 +335,7 @@ pub fn layout(c: Coll, size: u64, dtype: DataType, n: usize) -> Layout {
 fn value(op: ReduceOp, r: usize, k: usize) -> i64 {
     let k = k % 1021;
     if op == ReduceOp::Prod {
-        if (k + r) % 3 == 0 {
+        if (k + r).is_multiple_of(3) {
             2
         } else {
             1

@@ -332,7 +332,7 @@ pub mod b64 {
 
     pub fn decode(s: &str) -> Result<Vec<u8>, &'static str> {
         let b = s.as_bytes();
-        if b.len() % 4 != 0 {
+        if !b.len().is_multiple_of(4) {
             return Err("base64 length is not a multiple of 4");
         }
         let mut out = Vec::with_capacity(b.len() / 4 * 3);

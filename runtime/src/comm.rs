@@ -1131,7 +1131,7 @@ impl Communicator {
     /// `size` blocks (block j from rank j).
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         let n = self.size();
-        if input.len() != output.len() || input.len() % n != 0 {
+        if input.len() != output.len() || !input.len().is_multiple_of(n) {
             return Err(Error::Invalid(format!(
                 "all_to_all: input {} and output {} elements must be equal and divisible by {n}",
                 input.len(),
@@ -1145,7 +1145,7 @@ impl Communicator {
         let mut out = vec![T::default(); input.len()];
         let n = self.size();
         self.submit(move |g| {
-            if input.len() % n != 0 {
+            if !input.len().is_multiple_of(n) {
                 return Err(Error::Invalid(
                     "all_to_all: length not divisible by the world size".into(),
                 ));
@@ -1202,7 +1202,7 @@ impl Communicator {
 /// multiples of the element size. (Benchmarks and language bindings use these.)
 impl Communicator {
     fn check_len(buf: &[u8], dtype: DataType) -> Result<()> {
-        if buf.len() % dtype.size() != 0 {
+        if !buf.len().is_multiple_of(dtype.size()) {
             return Err(Error::Invalid(format!(
                 "{} bytes is not a whole number of {dtype} elements",
                 buf.len()
@@ -1257,7 +1257,8 @@ impl Communicator {
     }
     pub fn all_to_all_raw(&self, input: &[u8], output: &mut [u8], dtype: DataType) -> Result<()> {
         Self::check_len(input, dtype)?;
-        if input.len() != output.len() || (input.len() / dtype.size()) % self.size() != 0 {
+        if input.len() != output.len() || !(input.len() / dtype.size()).is_multiple_of(self.size())
+        {
             return Err(Error::Invalid(
                 "all_to_all: input and output must be equal and divisible by the world size".into(),
             ));
@@ -1600,7 +1601,7 @@ impl Inner {
 
     fn reduce_scatter(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
         let esz = dtype.size();
-        if buf.len() % (esz * self.size) != 0 {
+        if !buf.len().is_multiple_of(esz * self.size) {
             return Err(Error::Invalid(format!(
                 "reduce_scatter: {} elements are not {} equal blocks",
                 buf.len() / esz,
@@ -1622,7 +1623,7 @@ impl Inner {
 
     fn all_gather(&mut self, buf: &mut [u8], dtype: DataType) -> Result<()> {
         let esz = dtype.size();
-        if buf.len() % (esz * self.size) != 0 {
+        if !buf.len().is_multiple_of(esz * self.size) {
             return Err(Error::Invalid(format!(
                 "all_gather: {} elements are not {} equal blocks",
                 buf.len() / esz,

@@ -167,7 +167,7 @@ impl Bufs {
             .len
             .checked_mul(esz)
             .ok_or_else(|| Error::Plan("region overflow".into()))?;
-        if off.checked_add(n).map_or(true, |e| e > len) {
+        if off.checked_add(n).is_none_or(|e| e > len) {
             return Err(Error::Plan(format!(
                 "region {r} outside a buffer of {} elements",
                 len / esz

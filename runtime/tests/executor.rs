@@ -150,9 +150,9 @@ impl Links for MemLinks {
 fn input(kind: CollKind, rank: usize, i: usize, op: ReduceOp) -> i64 {
     match op {
         ReduceOp::Prod => {
-            if (rank + i) % 5 == 0 {
+            if (rank + i).is_multiple_of(5) {
                 2
-            } else if (rank * 3 + i) % 7 == 0 {
+            } else if (rank * 3 + i).is_multiple_of(7) {
                 -1
             } else {
                 1

@@ -288,6 +288,6 @@ impl Backoff {
     }
     /// True when the caller should spend a little time on expensive checks (peer liveness).
     pub fn check_due(&self) -> bool {
-        self.n > 0 && self.n % 1024 == 0
+        self.n > 0 && self.n.is_multiple_of(1024)
     }
 }

@@ -97,7 +97,7 @@ pub fn select_net_with(
         Ok(all) => {
             let chosen: Vec<HcaPort> = all
                 .iter()
-                .filter(|h| filter.map_or(true, |f| f.matches(&h.device, h.port)))
+                .filter(|h| filter.is_none_or(|f| f.matches(&h.device, h.port)))
                 .cloned()
                 .collect();
             if !chosen.is_empty() {

@@ -12,7 +12,7 @@ use railring::{Communicator, Element, ReduceOp};
 
 fn val(r: usize, i: usize, op: ReduceOp) -> i64 {
     if op == ReduceOp::Prod {
-        if (i + r) % 4 == 0 {
+        if (i + r).is_multiple_of(4) {
             2
         } else {
             1

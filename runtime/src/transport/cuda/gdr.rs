@@ -116,7 +116,7 @@ impl DataMem for CudaDataMem {
     }
 
     fn stage(&mut self, n: usize) -> Result<*mut u8> {
-        if self.stage.as_ref().map_or(true, |s| s.len < n) {
+        if self.stage.as_ref().is_none_or(|s| s.len < n) {
             self.stage = None;
             self.stage = Some(DevAlloc::new(&self.ctx, n).map_err(|e| {
                 cuda_err(
