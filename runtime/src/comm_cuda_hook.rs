@@ -240,13 +240,19 @@ fn ensure_state<'a>(
                 rank,
                 problem: match &path {
                     GpuPath::Direct(_) => None,
+                    // a node of one rank has no in-node steps to run
+                    GpuPath::Staged(_) if local.len() == 1 => None,
                     GpuPath::Staged(why) => Some(why.clone()),
                 },
             };
             let prefix = format!("{}/world", ipc::prefix(g.comm, g.seq));
             match ipc::agree(&store, &prefix, rank, g.size, &mine, g.cfg.timeout)? {
                 Ok(()) => {
-                    tracing::info!(target: "railring::init", rank, "GPU collectives across {nodes} nodes: in-node steps on the GPUs, network steps on a pinned host copy of each rank's 1/{} slice", local.len());
+                    if local.len() == 1 {
+                        tracing::info!(target: "railring::init", rank, "GPU collectives across {nodes} nodes, one rank per node: the network ring on the device buffer where GPUDirect RDMA is agreed, else on a pinned host copy");
+                    } else {
+                        tracing::info!(target: "railring::init", rank, "GPU collectives across {nodes} nodes: in-node steps on the GPUs, network steps on a pinned host copy of each rank's 1/{} slice (or the slice itself with GPUDirect RDMA)", local.len());
+                    }
                     true
                 }
                 Err(why) => {
@@ -426,6 +432,34 @@ fn run_all_reduce(
                         true
                     }
                     None => false,
+                }
+            }
+            GpuPath::Staged(_) if st.hybrid && st.gdr.is_some() => {
+                // One rank per node with GPUDirect RDMA: the plan is the network ring alone,
+                // run on the device buffer itself (every rank decides alike: same layout, same
+                // agreements).
+                let split = g
+                    .plan(CollKind::AllReduce, Algo::TwoLevel, count, 0)
+                    .ok()
+                    .and_then(|p| p.split_for_device())
+                    .filter(|s| s.pre.steps.is_empty() && s.post.steps.is_empty());
+                match (split, st.gdr.as_mut()) {
+                    (Some(split), Some(mem)) => {
+                        let desc = g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
+                        // the caller's earlier work on the buffer is done before the NIC reads it
+                        st.stream
+                            .synchronize()
+                            .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
+                        // SAFETY: as for the network steps above.
+                        unsafe {
+                            run_net_on_device(g, mem, &split.net, &desc, op, ptr as *mut u8, bytes)?
+                        };
+                        if op == ReduceOp::Avg && count > 0 {
+                            mem.finish_avg(ptr, count, dtype, g.size)?;
+                        }
+                        true
+                    }
+                    _ => false,
                 }
             }
             _ => false,

@@ -108,6 +108,22 @@ impl CudaDataMem {
     }
 }
 
+impl CudaDataMem {
+    /// Divide the `count` elements at `work` by `ranks` (finishing an average), on the stream.
+    pub fn finish_avg(
+        &mut self,
+        work: u64,
+        count: usize,
+        dtype: DataType,
+        ranks: usize,
+    ) -> Result<()> {
+        let k = op_kernels(self.rank, &self.ctx, dtype, ReduceOp::Avg)?;
+        // SAFETY: work holds count elements of dtype (checked by the caller).
+        unsafe { super::launch_avg(&self.stream, &k, self.sms, work, count as u64, ranks as u32) }
+            .map_err(|e| cuda_err(self.rank, "average kernel", e))
+    }
+}
+
 impl DataMem for CudaDataMem {
     fn kind(&self) -> MemKind {
         MemKind::Device {
