@@ -115,7 +115,7 @@ fn agree_gpudirect(
         rank,
         problem: mine.err(),
     };
-    let prefix = format!("{}/gdr", ipc::prefix(g.comm, g.seq));
+    let prefix = agreement(g, "gdr");
     match ipc::agree(&store, &prefix, rank, g.size, &verdict, g.cfg.timeout)? {
         Ok(()) => {
             tracing::info!(target: "railring::init", rank, "GPUDirect RDMA: network steps read and write device memory (link rings on the GPU)");
@@ -134,6 +134,11 @@ fn agree_gpudirect(
             Ok(None)
         }
     }
+}
+
+/// Store prefix of one world-wide agreement of this communicator's device set-up.
+fn agreement(g: &Inner, what: &str) -> String {
+    format!("{}/{what}", ipc::prefix(g.comm, g.seq))
 }
 
 type Slot = Arc<Mutex<Option<DeviceState>>>;
@@ -221,7 +226,7 @@ fn ensure_state<'a>(
                             rank,
                             problem: Some(format!("GPU fabric setup failed: {e}")),
                         };
-                        let prefix = format!("{}/world", ipc::prefix(g.comm, g.seq));
+                        let prefix = agreement(g, "world");
                         let _ = ipc::agree(&store, &prefix, rank, g.size, &v, g.cfg.timeout);
                     }
                     return Err(e);
@@ -245,7 +250,7 @@ fn ensure_state<'a>(
                     GpuPath::Staged(why) => Some(why.clone()),
                 },
             };
-            let prefix = format!("{}/world", ipc::prefix(g.comm, g.seq));
+            let prefix = agreement(g, "world");
             match ipc::agree(&store, &prefix, rank, g.size, &mine, g.cfg.timeout)? {
                 Ok(()) => {
                     if local.len() == 1 {
