@@ -347,10 +347,6 @@ fn run_all_reduce(
                             )?
                         };
                         if let (false, Some(mem)) = (split.net.steps.is_empty(), st.gdr.as_mut()) {
-                            // The in-node steps' writes land before the links read the slice.
-                            st.stream
-                                .synchronize()
-                                .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
                             // SAFETY: `ptr` is device memory of `bytes` bytes on the device the
                             // GPUDirect links' rings and `mem` are on; the network steps touch
                             // only their regions of it, through the links and `mem`.
@@ -451,10 +447,6 @@ fn run_all_reduce(
                 match (split, st.gdr.as_mut()) {
                     (Some(split), Some(mem)) => {
                         let desc = g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
-                        // the caller's earlier work on the buffer is done before the NIC reads it
-                        st.stream
-                            .synchronize()
-                            .map_err(|e| cuda_err(rank, "waiting for the GPU", e))?;
                         // SAFETY: as for the network steps above.
                         unsafe {
                             run_net_on_device(g, mem, &split.net, &desc, op, ptr as *mut u8, bytes)?
@@ -517,7 +509,9 @@ unsafe fn run_steps(
 }
 
 /// Run the network steps of a plan on device memory: GPUDirect links (device channels),
-/// received chunks reduced on the device by `mem`.
+/// received chunks reduced on the device by `mem`. First waits for `mem`'s stream (the
+/// device state's), so the caller's work and the in-node steps have written the buffer before
+/// the links read it.
 ///
 /// # Safety
 /// `work` device memory of `bytes` bytes on `mem`'s device.
@@ -530,6 +524,10 @@ unsafe fn run_net_on_device(
     work: *mut u8,
     bytes: usize,
 ) -> Result<()> {
+    if plan.steps.is_empty() {
+        return Ok(());
+    }
+    mem.synchronize()?;
     let mut links = DeviceChannels(&mut g.links);
     let mut ex = Executor {
         rank: g.rank,

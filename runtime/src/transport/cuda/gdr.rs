@@ -109,6 +109,13 @@ impl CudaDataMem {
 }
 
 impl CudaDataMem {
+    /// Wait for everything queued on the stream this works on.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_err(self.rank, "waiting for the GPU", e))
+    }
+
     /// Divide the `count` elements at `work` by `ranks` (finishing an average), on the stream.
     pub fn finish_avg(
         &mut self,
