@@ -630,7 +630,7 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
     if c.rooted() && o.root >= n {
         return Err(format!("root {} is not a rank (world size {n})", o.root));
     }
-    let host = railring::host::hostname();
+    let host = railring::machine::hostname();
     let lines = be.gather_lines(&format!(
         "#  Rank {me:2} Group  0 Pid {:6} on {host:>10} device  0 [cpu] {}",
         std::process::id(),

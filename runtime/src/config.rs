@@ -3,9 +3,11 @@
 
 use crate::error::{Error, Result};
 use crate::topology::PathClass;
-use crate::transport::tcp::MAX_STREAMS;
 use railring_collectives::plan::Algo;
 use std::time::Duration;
+
+/// Most TCP connections one link may be striped over (`RAILRING_NET_STREAMS`).
+pub const MAX_STREAMS: usize = 16;
 
 /// Runtime settings from the environment.
 #[derive(Clone, Debug)]
@@ -160,108 +162,6 @@ impl Config {
             },
         })
     }
-}
-
-/// How this process learned who it is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Launch {
-    /// Started alone: a world of one.
-    Alone,
-    /// Started by railrun (or anything that sets `RAILRING_STORE_ADDR`).
-    Store {
-        rank: usize,
-        size: usize,
-        store_addr: String,
-        secret: String,
-        job_id: String,
-        source: &'static str,
-    },
-    /// Started without railrun (srun direct launch, torchrun-style env): rank 0 serves the
-    /// bootstrap store on `serve_on`; every rank (rank 0 too) connects to `store_addr`.
-    /// Produced by [`crate::bootstrap::launch_env`] (see there and `docs/slurm.md` for the
-    /// variables, the port derivation and how `secret` is chosen); `source` is
-    /// `"Slurm step"` or `"torchrun-style env"`.
-    HostedStore {
-        rank: usize,
-        size: usize,
-        store_addr: String,
-        serve_on: String,
-        secret: String,
-        job_id: String,
-        source: &'static str,
-    },
-}
-
-/// Read the launch environment. First match wins:
-///
-/// 1. `RAILRING_STORE_ADDR` (railrun, or anything imitating it): [`Launch::Store`].
-/// 2. A Slurm job step (`SLURM_PROCID` + `SLURM_STEP_ID`, i.e. `srun ./prog`), then
-///    torchrun-style `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT` (torchrun first when it
-///    runs inside the step): [`Launch::HostedStore`], see [`crate::bootstrap::launch_env`].
-/// 3. Otherwise [`Launch::Alone`].
-pub fn launch_from_env() -> Result<Launch> {
-    let Some(store_addr) = var("RAILRING_STORE_ADDR") else {
-        let env = |k: &str| std::env::var(k).ok();
-        return match crate::bootstrap::launch_env::detect(&env)? {
-            Some(d) => {
-                if let Some(w) = &d.warning {
-                    // Loud on rank 0 (once per job), quiet elsewhere.
-                    if matches!(d.launch, Launch::HostedStore { rank: 0, .. }) {
-                        tracing::warn!(target: "railring::bootstrap", "{w}");
-                    } else {
-                        tracing::debug!(target: "railring::bootstrap", "{w}");
-                    }
-                }
-                Ok(d.launch)
-            }
-            None => Ok(Launch::Alone),
-        };
-    };
-    let rank = parse_required("RAILRING_RANK")?;
-    let size = parse_required("RAILRING_WORLD_SIZE")?;
-    if size == 0 || rank >= size {
-        return Err(Error::Env {
-            var: "RAILRING_RANK".into(),
-            value: rank.to_string(),
-            why: format!("must be below RAILRING_WORLD_SIZE={size}"),
-        });
-    }
-    let secret = var("RAILRING_JOB_SECRET").ok_or_else(|| Error::Env {
-        var: "RAILRING_JOB_SECRET".into(),
-        value: String::new(),
-        why: "must be set when RAILRING_STORE_ADDR is".into(),
-    })?;
-    let job_id = var("RAILRING_JOB_ID").unwrap_or_else(|| "job".into());
-    let job_id: String = job_id
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .take(32)
-        .collect();
-    Ok(Launch::Store {
-        rank,
-        size,
-        store_addr,
-        secret,
-        job_id,
-        source: "railrun",
-    })
-}
-
-fn parse_required(name: &str) -> Result<usize> {
-    let v = var(name).ok_or_else(|| Error::Env {
-        var: name.into(),
-        value: String::new(),
-        why: "not set".into(),
-    })?;
-    v.trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|&n| n < (1 << 24))
-        .ok_or(Error::Env {
-            var: name.into(),
-            value: v,
-            why: "expected a non-negative integer below 2^24".into(),
-        })
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The runtime's errors. Each says what failed, where (rank, host, peer) and what to try.
 
-use crate::bootstrap::StoreError;
+use crate::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -89,19 +89,7 @@ impl CallDesc {
     }
 }
 
-/// Channel used by point-to-point calls (separate TCP connections from collectives' rings).
-pub const P2P_CHAN: usize = 1 << 16;
-/// Flag on the channel of links that move device memory (GPUDirect RDMA: rings in device
-/// memory), kept apart from the host-memory links of the same peers.
-pub const DEVICE_CHAN: usize = 1 << 17;
-
-/// Gives the executor a link to a peer on a channel, connecting on first use.
-pub trait Links: Send {
-    /// A stable pointer to the link (valid until the provider is dropped).
-    fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link>;
-    /// Host name of a peer, for errors.
-    fn host_of(&self, peer: usize) -> String;
-}
+pub use crate::transport::links::{Links, DEVICE_CHAN, P2P_CHAN};
 
 /// Everything one rank needs to run plans.
 pub struct Executor<'a> {

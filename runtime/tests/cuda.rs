@@ -3,7 +3,8 @@
 //! loudly otherwise). Multi-process IPC runs are `tests/gpu/run.sh` (gpucheck under railrun).
 #![cfg(feature = "cuda")]
 
-use railring::bootstrap::{store, Store, StoreClient};
+use railring::bootstrap::Rendezvous;
+use railring::store::{self, Store, StoreClient};
 use railring::config::Config;
 use railring::transport::cuda::ipc::{self, GpuPeer, IpcHandle, Verdict};
 use railring::transport::cuda::kernels::{self, HalfImpl};
@@ -115,7 +116,7 @@ fn device_all_reduce_on_hardware() {
         eprintln!("SKIPPED: device_all_reduce_on_hardware: no CUDA driver on this machine");
         return;
     }
-    if railring::comm_cuda::cudarc::driver::CudaContext::device_count().unwrap_or(0) < 1 {
+    if railring::device::cudarc::driver::CudaContext::device_count().unwrap_or(0) < 1 {
         eprintln!("SKIPPED: device_all_reduce_on_hardware: no CUDA device");
         return;
     }
@@ -130,7 +131,15 @@ fn device_all_reduce_on_hardware() {
                 let cfg = Config::from_env().unwrap();
                 let st =
                     Arc::new(StoreClient::connect(&addr, "k", Duration::from_secs(20)).unwrap());
-                let comm = Communicator::bootstrap(st, r, n, "k", "cudatest", cfg).unwrap();
+                let rv = Rendezvous {
+                    rank: r,
+                    size: n,
+                    store: st,
+                    secret: "k".into(),
+                    job: "cudatest".into(),
+                    server: None,
+                };
+                let comm = Communicator::from_rendezvous(rv, cfg).unwrap();
                 let ctx = context(r, 0).unwrap();
                 let stream = ctx.new_stream().unwrap();
                 for op in ReduceOp::ALL {

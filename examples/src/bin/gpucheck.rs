@@ -16,8 +16,8 @@
 //!
 //! Exit status: 0 all correct, 1 a wrong result or an error, 2 usage or no CUDA driver.
 
-use railring::comm_cuda::cudarc::driver::{CudaSlice, CudaStream};
-use railring::comm_cuda::DeviceElement;
+use railring::device::cudarc::driver::{CudaSlice, CudaStream};
+use railring::device::DeviceElement;
 use railring::transport::cuda::{context, driver_present};
 use railring::{Communicator, DataType, Element, ReduceOp};
 use railring_collectives::{as_bytes, as_bytes_mut, kernels};
@@ -189,10 +189,10 @@ fn encode(d: DataType, n: usize, r: usize) -> Vec<u8> {
 /// the work buffer, for every type and operator, against the CPU kernels. Returns the failures.
 fn check_chunk_reduction(
     rank: usize,
-    ctx: &Arc<railring::comm_cuda::cudarc::driver::CudaContext>,
+    ctx: &Arc<railring::device::cudarc::driver::CudaContext>,
     stream: &Arc<CudaStream>,
 ) -> Result<Vec<String>, String> {
-    use railring::comm_cuda::cudarc::driver::DevicePtrMut;
+    use railring::device::cudarc::driver::DevicePtrMut;
     use railring::transport::cuda::gdr::CudaDataMem;
     use railring::transport::DataMem;
     let mut mem = CudaDataMem::new(rank, ctx, stream.clone()).map_err(|e| e.to_string())?;
@@ -209,7 +209,7 @@ fn check_chunk_reduction(
             let stage = mem.stage(n * esz).map_err(|e| e.to_string())?;
             // SAFETY: the staging area holds at least n * esz bytes; b is that long.
             unsafe {
-                railring::comm_cuda::cudarc::driver::sys::cuMemcpyHtoD_v2(
+                railring::device::cudarc::driver::sys::cuMemcpyHtoD_v2(
                     stage as u64,
                     b.as_ptr() as *const _,
                     n * esz,
@@ -243,7 +243,7 @@ fn fmt_size(b: usize) -> String {
 fn run(o: &Opts) -> Result<bool, String> {
     let comm = Communicator::init().map_err(|e| e.to_string())?;
     let (rank, size) = (comm.rank(), comm.size());
-    let ndev = railring::comm_cuda::cudarc::driver::CudaContext::device_count()
+    let ndev = railring::device::cudarc::driver::CudaContext::device_count()
         .map_err(|e| format!("counting GPUs: {e}"))?
         .max(0) as usize;
     if ndev == 0 {

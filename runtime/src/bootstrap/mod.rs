@@ -1,11 +1,95 @@
-//! Bootstrap: how ranks of a job find each other. The launcher (or rank 0 under srun /
-//! torchrun-style env) serves a key-value store; ranks publish their addresses in it.
+//! Bootstrap: how ranks of a job find each other. [`launch`] decides how the process was
+//! started; [`join`] (or [`mpi`], feature `mpi`) turns that into a [`Rendezvous`] — this rank's
+//! place in the world and a connected, authenticated store ([`crate::store`]) — from which the
+//! communicator builds itself (`comm::setup`). Bootstrap never builds a communicator.
 
-pub mod auth;
-pub mod launch_env;
+pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
-pub mod store;
-pub mod wire;
 
-pub use store::{Backend, Store, StoreClient, StoreError};
+pub use crate::store::{self, auth, wire, Backend, Store, StoreClient, StoreError};
+pub use launch::Launch;
+
+use crate::error::{Error, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a bootstrap hands the communicator.
+pub struct Rendezvous {
+    pub rank: usize,
+    pub size: usize,
+    /// The job's store, connected and authenticated.
+    pub store: Arc<StoreClient>,
+    pub secret: String,
+    /// The job id (ASCII alphanumerics, at most 32): names shared-memory segments.
+    pub job: String,
+    /// The store this rank serves (rank 0 under srun, torchrun-style env or MPI): it must live
+    /// as long as the communicator.
+    pub server: Option<store::ServerHandle>,
+}
+
+/// Join the job `launch` describes: connect to its store (on rank 0 of a hosted store, serve it
+/// first). `Ok(None)` for [`Launch::Alone`]. [`Launch::Mpi`] goes through [`mpi`] instead.
+pub fn join(launch: Launch, connect_timeout: Duration) -> Result<Option<Rendezvous>> {
+    match launch {
+        Launch::Alone => Ok(None),
+        Launch::Store {
+            rank,
+            size,
+            store_addr,
+            secret,
+            job_id,
+            source,
+        } => {
+            tracing::info!(target: "railring::init", rank, size, "bootstrap via {source} store at {store_addr}");
+            let store = Arc::new(StoreClient::connect(&store_addr, &secret, connect_timeout)?);
+            Ok(Some(Rendezvous {
+                rank,
+                size,
+                store,
+                secret,
+                job: job_id,
+                server: None,
+            }))
+        }
+        Launch::HostedStore {
+            rank,
+            size,
+            store_addr,
+            serve_on,
+            secret,
+            job_id,
+            source,
+        } => {
+            let server = if rank == 0 {
+                let l = std::net::TcpListener::bind(&serve_on).map_err(|e| Error::Transport {
+                    rank,
+                    what: format!("rank 0 serving the bootstrap store on {serve_on} ({source})"),
+                    err: e,
+                })?;
+                Some(
+                    store::serve(l, &secret, Store::new()).map_err(|e| Error::Transport {
+                        rank,
+                        what: "starting the store".into(),
+                        err: e,
+                    })?,
+                )
+            } else {
+                None
+            };
+            tracing::info!(target: "railring::init", rank, size, "bootstrap via {source}: store at {store_addr}");
+            let store = Arc::new(StoreClient::connect(&store_addr, &secret, connect_timeout)?);
+            Ok(Some(Rendezvous {
+                rank,
+                size,
+                store,
+                secret,
+                job: job_id,
+                server,
+            }))
+        }
+        Launch::Mpi { source } => Err(Error::Invalid(format!(
+            "started by an MPI launcher ({source} is set): the MPI bootstrap joins such jobs, not the store"
+        ))),
+    }
+}

@@ -13,6 +13,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod links;
 pub mod mem;
 #[cfg(feature = "rdma")]
 pub mod rdma;

@@ -207,7 +207,7 @@ impl Hello {
 }
 
 /// Most TCP connections one link may stripe over (`RAILRING_NET_STREAMS`).
-pub const MAX_STREAMS: usize = 16;
+pub use crate::config::MAX_STREAMS;
 /// Bytes sent on one connection before the next takes over, when a link has several.
 const STRIPE: u64 = 64 << 10;
 

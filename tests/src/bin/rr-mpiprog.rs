@@ -146,7 +146,7 @@ fn main() {
         Ok((rank, size, nodes)) => {
             println!(
                 "OK rank {rank} of {size} mode {mode} nodes {nodes} host {}",
-                railring::host::hostname()
+                railring::machine::hostname()
             );
         }
         Err(e) => {

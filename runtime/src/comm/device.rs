@@ -26,7 +26,7 @@
 /// The cudarc this crate is built against (use it to make device buffers and streams).
 pub use cudarc;
 
-use crate::comm::cuda_hook;
+use super::device_state as cuda_hook;
 use crate::error::{Error, Result};
 use crate::transport::cuda::{cuda_err, require_driver};
 use crate::{Communicator, Element, Pending, ReduceOp};

@@ -4,8 +4,10 @@
 //! its own [`Store`]; a railrun agent serves a relay that forwards over its SSH channel; under
 //! srun or torchrun-style env, rank 0 serves one); [`StoreClient`] is what ranks use.
 
-use super::auth;
-use super::wire::{self, Request, Response};
+pub mod auth;
+pub mod wire;
+
+use wire::{Request, Response};
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};

@@ -1,6 +1,7 @@
-//! Host identity. Two processes are on the same node when they share hostname, kernel boot id
-//! and network namespace: emulated hosts (namespaces on one kernel) share the boot id but not
-//! the network namespace; two real machines can share a hostname but not a boot id.
+//! This machine's identity: hostname, kernel boot id, network namespace. Two processes are on
+//! the same node when they share hostname, kernel boot id and network namespace: emulated hosts
+//! (namespaces on one kernel) share the boot id but not the network namespace; two real machines
+//! can share a hostname but not a boot id.
 
 use std::os::unix::fs::MetadataExt;
 

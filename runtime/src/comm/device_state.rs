@@ -8,7 +8,8 @@
 //! collectively on the first device call and dropped with the last handle that looks it up
 //! after the communicator is gone.
 
-use super::{Communicator, Inner, Pending, Shared};
+use super::call::{Inner, Shape};
+use super::{Communicator, Pending, Shared};
 use crate::error::{Error, Result};
 use crate::executor::{Bufs, Executor, Links, DEVICE_CHAN};
 #[cfg(feature = "rdma")]
@@ -57,10 +58,10 @@ impl Links for DeviceChannels<'_> {
 #[cfg(feature = "rdma")]
 fn gpudirect_verdict(g: &Inner, ctx: &Arc<CudaContext>) -> std::result::Result<(), String> {
     use crate::transport::rdma::{gpu_nic_path, gpudirect_at};
-    let Some(net) = g.links.ib.as_ref() else {
+    let Some(net) = g.links.rdma() else {
         return Err("the network is TCP sockets".into());
     };
-    let Some(level) = g.cfg.gdr_level else {
+    let Some(level) = g.world.cfg.gdr_level else {
         return Err("RAILRING_NET_GDR_LEVEL=LOC".into());
     };
     if let Some(why) = gdr::gdr_unsupported(ctx) {
@@ -108,6 +109,7 @@ fn agree_gpudirect(
             .map_err(|e| e.to_string())
     });
     let store = g
+        .world
         .store
         .clone()
         .ok_or_else(|| Error::Invalid("several nodes but no store".into()))?;
@@ -116,13 +118,13 @@ fn agree_gpudirect(
         problem: mine.err(),
     };
     let prefix = agreement(g, "gdr");
-    match ipc::agree(&store, &prefix, rank, g.size, &verdict, g.cfg.timeout)? {
+    match ipc::agree(&store, &prefix, rank, g.size, &verdict, g.world.cfg.timeout)? {
         Ok(()) => {
             tracing::info!(target: "railring::init", rank, "GPUDirect RDMA: network steps read and write device memory (link rings on the GPU)");
             #[cfg(feature = "rdma")]
             {
                 let c = ctx.clone();
-                g.links.dev_rings = Some(Arc::new(move || {
+                g.links.set_device_rings(Arc::new(move || {
                     gdr::CudaRings::new(&c)
                         .map(|r| Box::new(r) as Box<dyn crate::transport::rdma::DeviceRings>)
                 }));
@@ -196,10 +198,12 @@ fn ensure_state<'a>(
             GpuPath::Staged("one rank on this node: nothing to do in the node".into())
         } else {
             let store = g
+                .world
                 .store
                 .clone()
                 .ok_or_else(|| Error::Invalid("several local ranks but no store".into()))?;
             let host_id = g
+                .world
                 .peers
                 .get(rank)
                 .map(|p| p.host_id.clone())
@@ -208,12 +212,12 @@ fn ensure_state<'a>(
                 store: &store,
                 comm: g.comm,
                 epoch: g.seq,
-                job: &g.job,
+                job: &g.world.job,
                 host_id: &host_id,
-                host: crate::host::hostname(),
+                host: crate::machine::hostname(),
                 local: &local,
                 me,
-                timeout: g.cfg.timeout,
+                timeout: g.world.cfg.timeout,
             };
             match gpu_fabric(&setup, ctx) {
                 Ok(p) => p,
@@ -221,13 +225,13 @@ fn ensure_state<'a>(
                     // The ranks of other nodes are about to wait for this rank's verdict on
                     // the world path: give it (they stage) rather than leave them waiting
                     // until the timeout, then fail this call.
-                    if let Some(store) = g.store.clone() {
+                    if let Some(store) = g.world.store.clone() {
                         let v = Verdict {
                             rank,
                             problem: Some(format!("GPU fabric setup failed: {e}")),
                         };
                         let prefix = agreement(g, "world");
-                        let _ = ipc::agree(&store, &prefix, rank, g.size, &v, g.cfg.timeout);
+                        let _ = ipc::agree(&store, &prefix, rank, g.size, &v, g.world.cfg.timeout);
                     }
                     return Err(e);
                 }
@@ -238,6 +242,7 @@ fn ensure_state<'a>(
         // node has a direct fabric (agreed through the store by all ranks), else all stage.
         let hybrid = if nodes > 1 && g.size > 1 {
             let store = g
+                .world
                 .store
                 .clone()
                 .ok_or_else(|| Error::Invalid("several nodes but no store".into()))?;
@@ -251,7 +256,7 @@ fn ensure_state<'a>(
                 },
             };
             let prefix = agreement(g, "world");
-            match ipc::agree(&store, &prefix, rank, g.size, &mine, g.cfg.timeout)? {
+            match ipc::agree(&store, &prefix, rank, g.size, &mine, g.world.cfg.timeout)? {
                 Ok(()) => {
                     if local.len() == 1 {
                         tracing::info!(target: "railring::init", rank, "GPU collectives across {nodes} nodes, one rank per node: the network ring on the device buffer where GPUDirect RDMA is agreed, else on a pinned host copy");
@@ -317,7 +322,7 @@ fn run_all_reduce(
     let esz = dtype.size();
     let count = bytes / esz;
     if g.size == 1 {
-        g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
+        g.next_desc(Shape::new(CollKind::AllReduce, dtype, op, count, 0));
     } else {
         let single_node = g.layout.nodes.len() == 1;
         let direct = match &mut st.path {
@@ -329,7 +334,7 @@ fn run_all_reduce(
                     .and_then(|p| p.split_for_device());
                 match split {
                     Some(split) => {
-                        let desc = g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
+                        let desc = g.next_desc(Shape::new(CollKind::AllReduce, dtype, op, count, 0));
                         let fabric: &mut (dyn NodeFabric + 'static) = &mut **fab;
                         // SAFETY: `ptr` is device memory of `bytes` bytes on the fabric's device
                         // (checked by the caller); `pre`/`post` hold only in-node steps, which the
@@ -446,7 +451,7 @@ fn run_all_reduce(
                     .filter(|s| s.pre.steps.is_empty() && s.post.steps.is_empty());
                 match (split, st.gdr.as_mut()) {
                     (Some(split), Some(mem)) => {
-                        let desc = g.next_desc(CollKind::AllReduce, dtype, op, count, 0);
+                        let desc = g.next_desc(Shape::new(CollKind::AllReduce, dtype, op, count, 0));
                         // SAFETY: as for the network steps above.
                         unsafe {
                             run_net_on_device(g, mem, &split.net, &desc, op, ptr as *mut u8, bytes)?
@@ -493,8 +498,8 @@ unsafe fn run_steps(
         size: g.size,
         links: &mut g.links,
         fabric,
-        timeout: g.cfg.timeout,
-        chunk: g.cfg.net_chunk,
+        timeout: g.world.cfg.timeout,
+        chunk: g.world.cfg.net_chunk,
         staging: &mut g.staging,
         mem: None,
     };
@@ -534,11 +539,11 @@ unsafe fn run_net_on_device(
         size: g.size,
         links: &mut links,
         fabric: None,
-        timeout: g.cfg.timeout,
+        timeout: g.world.cfg.timeout,
         // Each device reduction of a received chunk is a launch plus a wait (~10 us): at least
         // 2 MiB per chunk keeps that small next to the transfer, and half a link ring stays free
         // for the NIC meanwhile.
-        chunk: g.cfg.net_chunk.max(2 << 20),
+        chunk: g.world.cfg.net_chunk.max(2 << 20),
         staging: &mut g.staging,
         mem: Some(mem),
     };

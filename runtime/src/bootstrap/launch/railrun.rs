@@ -1,0 +1,94 @@
+//! Started by railrun (or anything that sets `RAILRING_STORE_ADDR`): rank, size, the store's
+//! address and the job secret come straight from the environment railrun gives every rank.
+
+use super::{clean_id, env_err, get, Env, Launch};
+use crate::error::Result;
+
+/// `Some` when `RAILRING_STORE_ADDR` is set: then `RAILRING_RANK`, `RAILRING_WORLD_SIZE` and
+/// `RAILRING_JOB_SECRET` must be too (`RAILRING_JOB_ID` is optional).
+pub fn railrun(env: Env) -> Result<Option<Launch>> {
+    let Some(store_addr) = get(env, "RAILRING_STORE_ADDR") else {
+        return Ok(None);
+    };
+    let rank = required(env, "RAILRING_RANK")?;
+    let size = required(env, "RAILRING_WORLD_SIZE")?;
+    if size == 0 || rank >= size {
+        return Err(env_err(
+            "RAILRING_RANK",
+            &rank.to_string(),
+            format!("must be below RAILRING_WORLD_SIZE={size}"),
+        ));
+    }
+    let secret = get(env, "RAILRING_JOB_SECRET").ok_or_else(|| {
+        env_err(
+            "RAILRING_JOB_SECRET",
+            "",
+            "must be set when RAILRING_STORE_ADDR is",
+        )
+    })?;
+    let job_id = clean_id(&get(env, "RAILRING_JOB_ID").unwrap_or_else(|| "job".into()));
+    Ok(Some(Launch::Store {
+        rank,
+        size,
+        store_addr,
+        secret,
+        job_id,
+        source: "railrun",
+    }))
+}
+
+fn required(env: Env, name: &str) -> Result<usize> {
+    let v = get(env, name).ok_or_else(|| env_err(name, "", "not set"))?;
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n < (1 << 24))
+        .ok_or_else(|| env_err(name, &v, "expected a non-negative integer below 2^24"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testenv::env_of;
+    use super::*;
+    use crate::error::Error;
+
+    const RAILRUN: &[(&str, &str)] = &[
+        ("RAILRING_STORE_ADDR", "127.0.0.1:5000"),
+        ("RAILRING_RANK", "1"),
+        ("RAILRING_WORLD_SIZE", "4"),
+        ("RAILRING_JOB_SECRET", "s"),
+        ("RAILRING_JOB_ID", "j-1/x"),
+    ];
+
+    #[test]
+    fn railrun_env() {
+        let l = railrun(&env_of(RAILRUN)).unwrap().unwrap();
+        assert_eq!(
+            l,
+            Launch::Store {
+                rank: 1,
+                size: 4,
+                store_addr: "127.0.0.1:5000".into(),
+                secret: "s".into(),
+                job_id: "j1x".into(),
+                source: "railrun",
+            }
+        );
+        assert_eq!(railrun(&env_of(&[])).unwrap(), None);
+        for (k, v) in [
+            ("RAILRING_RANK", "4"),
+            ("RAILRING_RANK", "x"),
+            ("RAILRING_WORLD_SIZE", ""),
+            ("RAILRING_JOB_SECRET", " "),
+        ] {
+            let mut e: Vec<(&str, &str)> = RAILRUN.iter().filter(|p| p.0 != k).copied().collect();
+            e.push((k, v));
+            match railrun(&env_of(&e)) {
+                Err(Error::Env { var, .. }) => {
+                    assert!(var == k || var == "RAILRING_RANK", "{k}={v}: {var}")
+                }
+                other => panic!("{k}={v}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! One communicator's state (`Inner`) and the path of a call through it: argument checks, the
+//! call descriptor, the algorithm choice (forced, or the cost model's; cached per call shape),
+//! the plan cache, the executor run, and failure handling — a failed call poisons the
+//! communicator and tells the peers (store abort record, node abort word, closed links).
+
+use super::PeerInfo;
+use crate::bootstrap::StoreClient;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::executor::{Bufs, CallDesc, Executor};
+use crate::transport::links::LinkTable;
+use crate::transport::tcp::TcpNet;
+use crate::transport::NodeFabric;
+use railring_collectives::build::build_plan;
+use railring_collectives::plan::{Algo, CollKind, Layout, Plan};
+use railring_collectives::{kernels, DataType, ReduceOp};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What every communicator made from one bootstrap shares: the job, the store, the TCP
+/// endpoint and the settings — and this communicator's ranks (`peers`, renumbered by `split`).
+#[derive(Clone)]
+pub(super) struct World {
+    pub job: String,
+    pub peers: Arc<Vec<PeerInfo>>,
+    pub store: Option<Arc<StoreClient>>,
+    pub net: Option<Arc<TcpNet>>,
+    pub cfg: Config,
+}
+
+/// A collective call's shape: what every rank must agree on (with the sequence number, its
+/// [`CallDesc`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shape {
+    pub kind: CollKind,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub count: usize,
+    pub root: usize,
+}
+
+impl Shape {
+    pub fn new(kind: CollKind, dtype: DataType, op: ReduceOp, count: usize, root: usize) -> Shape {
+        Shape {
+            kind,
+            dtype,
+            op,
+            count,
+            root,
+        }
+    }
+}
+
+/// One communicator's state on this rank. The rooms of `comm` share it; nothing outside does.
+pub(crate) struct Inner {
+    pub(super) rank: usize,
+    pub(super) size: usize,
+    /// This communicator's id (1 for the world; `split` derives the others).
+    pub(super) comm: u64,
+    pub(super) layout: Layout,
+    pub(super) world: World,
+    pub(super) links: LinkTable,
+    pub(super) fabric: Option<Box<dyn NodeFabric>>,
+    /// Calls made so far (the descriptor's sequence number).
+    pub(super) seq: u64,
+    p2p_send: HashMap<usize, u64>,
+    p2p_recv: HashMap<usize, u64>,
+    plans: HashMap<(CollKind, Algo, usize, usize), Arc<Plan>>,
+    choices: HashMap<(CollKind, usize, usize, usize), (Algo, String)>,
+    pub(super) staging: Vec<u64>,
+    pub(super) poisoned: Option<String>,
+    pub(super) split_seq: u64,
+    /// The rail (index into the TCP rails) this rank's network traffic uses.
+    pub(super) rail: usize,
+    /// The bootstrap store this rank serves (rank 0 under srun / torchrun-style env / MPI).
+    pub(super) store_server: Option<crate::store::ServerHandle>,
+    /// The last call's (kind, count, element size, root, plan).
+    last: Option<(CollKind, usize, usize, usize, Arc<Plan>)>,
+}
+
+impl Inner {
+    /// A fresh communicator state (no call made yet).
+    pub(super) fn new(
+        rank: usize,
+        comm: u64,
+        layout: Layout,
+        world: World,
+        links: LinkTable,
+        fabric: Option<Box<dyn NodeFabric>>,
+    ) -> Inner {
+        Inner {
+            rank,
+            size: world.peers.len(),
+            comm,
+            layout,
+            world,
+            links,
+            fabric,
+            seq: 0,
+            p2p_send: HashMap::new(),
+            p2p_recv: HashMap::new(),
+            plans: HashMap::new(),
+            choices: HashMap::new(),
+            staging: Vec::new(),
+            poisoned: None,
+            split_seq: 0,
+            rail: 0,
+            store_server: None,
+            last: None,
+        }
+    }
+
+
+    /// Run `f` unless an earlier failure poisoned the communicator; a failure (other than a
+    /// rejected argument) poisons it.
+    pub(super) fn guarded<R>(g: &mut Inner, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
+        if let Some(p) = &g.poisoned {
+            return Err(Error::Poisoned(p.clone()));
+        }
+        let r = f(g);
+        match r {
+            Err(Error::Invalid(_)) | Ok(_) => r,
+            Err(e) => {
+                let e = g.fail(e);
+                g.poisoned = Some(e.to_string());
+                Err(e)
+            }
+        }
+    }
+
+    /// After a failed call: tell the peers (shm abort word, closed connections, the store's abort
+    /// record) so nobody waits for this rank until a timeout, and add the first failure reported
+    /// by any rank to the error when it names someone else (the root cause of a cascade).
+    pub(super) fn fail(&mut self, e: Error) -> Error {
+        // Record first, then tell the peers: a peer that reacts to our abort finds the record.
+        let Some(store) = self.world.store.clone() else {
+            self.links.abort();
+            return e;
+        };
+        let key = format!("c{:x}/abort", self.comm);
+        let first = match store.check(std::slice::from_ref(&key)) {
+            Ok(p) if p.first() == Some(&true) => store
+                .get(&key, Duration::from_secs(1))
+                .ok()
+                .map(|v| String::from_utf8_lossy(&v).into_owned()),
+            Ok(_) => {
+                let _ = store.set(&key, format!("rank {}: {e}", self.rank).as_bytes());
+                None
+            }
+            Err(_) => None,
+        };
+        self.links.abort();
+        match (first, e) {
+            (
+                Some(f),
+                Error::PeerDead {
+                    rank,
+                    peer,
+                    host,
+                    why,
+                },
+            ) if !f.starts_with(&format!("rank {}:", self.rank)) => Error::PeerDead {
+                rank,
+                peer,
+                host,
+                why: format!("{why}; first failure reported: {f}"),
+            },
+            (
+                Some(f),
+                Error::Timeout {
+                    rank,
+                    secs,
+                    waiting,
+                    what,
+                },
+            ) if !f.starts_with(&format!("rank {}:", self.rank)) => Error::Timeout {
+                rank,
+                secs,
+                waiting,
+                what: format!("{what}; first failure reported: {f}"),
+            },
+            (_, e) => e,
+        }
+    }
+
+    /// The algorithm for a call (cached; see [`Inner::choose`]).
+    pub(super) fn algo(&mut self, kind: CollKind, count: usize, esz: usize, root: usize) -> Algo {
+        match self.choices.get(&(kind, count, esz, root)) {
+            Some((a, _)) => *a,
+            None => self.choose(kind, count, esz, root).0,
+        }
+    }
+
+    /// The algorithm for a call: forced by `RAILRING_ALGO`, else the cost model's choice. The
+    /// choice is cached per (kind, count, element size, root): pricing builds every rank's plan.
+    pub(super) fn choose(&mut self, kind: CollKind, count: usize, esz: usize, root: usize) -> (Algo, String) {
+        if let Some((a, why)) = self.choices.get(&(kind, count, esz, root)) {
+            return (*a, why.clone());
+        }
+        let (a, why) = self.choose_uncached(kind, count, esz, root);
+        tracing::info!(target: "railring::tune", rank = self.rank, "{kind} of {} bytes: {a} ({why})", count * esz);
+        if self.choices.len() > 4096 {
+            self.choices.clear();
+        }
+        self.choices
+            .insert((kind, count, esz, root), (a, why.clone()));
+        (a, why)
+    }
+
+    pub(super) fn choose_uncached(
+        &self,
+        kind: CollKind,
+        count: usize,
+        esz: usize,
+        root: usize,
+    ) -> (Algo, String) {
+        let candidates = railring_collectives::build::algorithms_for(kind);
+        if let Some(a) = self.world.cfg.algo {
+            if candidates.contains(&a)
+                && build_plan(kind, a, &self.layout, self.rank, count, root).is_ok()
+            {
+                return (a, format!("forced by RAILRING_ALGO={a}"));
+            }
+        }
+        // On one node the two-level plan is the shared-memory fabric alone: each rank reduces its
+        // slice from every peer's staging slot, and small calls take one flag round. Every
+        // point-to-point plan moves the same bytes through shm rings with more synchronisation.
+        if self.layout.nodes.len() == 1
+            && matches!(
+                kind,
+                CollKind::AllReduce
+                    | CollKind::Barrier
+                    | CollKind::ReduceScatter
+                    | CollKind::AllGather
+            )
+            && candidates.contains(&Algo::TwoLevel)
+        {
+            return (
+                Algo::TwoLevel,
+                "one node: in-node shared-memory fabric".into(),
+            );
+        }
+        self.world.cfg.cost.choose(kind, &self.layout, count, esz, root)
+    }
+
+    pub(super) fn plan(&mut self, kind: CollKind, algo: Algo, count: usize, root: usize) -> Result<Arc<Plan>> {
+        let key = (kind, algo, count, root);
+        if let Some(p) = self.plans.get(&key) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(
+            build_plan(kind, algo, &self.layout, self.rank, count, root)
+                .map_err(|e| Error::Plan(e.to_string()))?,
+        );
+        if self.plans.len() > 256 {
+            self.plans.clear();
+        }
+        self.plans.insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// The next call's descriptor (every call takes a sequence number, even a trivial one).
+    pub(super) fn next_desc(&mut self, c: Shape) -> CallDesc {
+        self.seq += 1;
+        CallDesc {
+            seq: self.seq,
+            kind: c.kind,
+            dtype: c.dtype,
+            op: c.op,
+            count: c.count as u64,
+            root: c.root as u32,
+            comm: self.comm,
+        }
+    }
+
+    /// Run one planned collective on `work` (and `input` for all-to-all).
+    pub(super) fn exec(&mut self, c: Shape, work: &mut [u8], input: &[u8]) -> Result<()> {
+        self.exec_from(c, work, input, None)
+    }
+
+    /// [`Inner::exec`] for an out-of-place call whose work buffer starts as a copy of `src`.
+    pub(super) fn exec_from(
+        &mut self,
+        c: Shape,
+        work: &mut [u8],
+        input: &[u8],
+        src: Option<&[u8]>,
+    ) -> Result<()> {
+        let Shape {
+            kind,
+            dtype,
+            op,
+            count,
+            root,
+        } = c;
+        let desc = self.next_desc(c);
+        if self.size == 1 {
+            if let Some(s) = src {
+                work.copy_from_slice(s);
+            }
+            return Ok(());
+        }
+        // The last call's shape and plan: repeated calls skip both map lookups. (Pipelined
+        // calls are not cached: they carry one plan per segment.)
+        let cached = match &self.last {
+            Some((k, c, e, r, p))
+                if *k == kind && *c == count && *e == dtype.size() && *r == root =>
+            {
+                Some(p.clone())
+            }
+            _ => None,
+        };
+        let (plan, segs) = match cached {
+            Some(p) => (p, Vec::new()),
+            None => {
+                let algo = self.algo(kind, count, dtype.size(), root);
+                // A two-level all-reduce over several nodes, big enough: cut it into segments
+                // and overlap each segment's network ring with the neighbours' in-node phases.
+                let seg = self.world.cfg.pipeline_seg / dtype.size();
+                let pipelined = kind == CollKind::AllReduce
+                    && algo == Algo::TwoLevel
+                    && self.layout.nodes.len() > 1
+                    && self.layout.nodes.iter().all(|n| n.len() > 1)
+                    && seg > 0
+                    && count >= 2 * seg;
+                if pipelined {
+                    let k = count.div_ceil(seg);
+                    let mut v = Vec::with_capacity(k);
+                    for i in 0..k {
+                        let (off, len) = railring_collectives::plan::split(count, k, i);
+                        v.push((off, self.plan(kind, algo, len, root)?));
+                    }
+                    (v[0].1.clone(), v)
+                } else {
+                    let plan = self.plan(kind, algo, count, root)?;
+                    self.last = Some((kind, count, dtype.size(), root, plan.clone()));
+                    (plan, Vec::new())
+                }
+            }
+        };
+        let pipelined = !segs.is_empty();
+        let mut ex = Executor {
+            rank: self.rank,
+            size: self.size,
+            links: &mut self.links,
+            fabric: self.fabric.as_deref_mut(),
+            timeout: self.world.cfg.timeout,
+            chunk: self.world.cfg.net_chunk,
+            staging: &mut self.staging,
+            mem: None,
+        };
+        let bufs = Bufs {
+            work: work.as_mut_ptr(),
+            work_bytes: work.len(),
+            input: input.as_ptr(),
+            input_bytes: input.len(),
+            src: src.map(|s| s.as_ptr()),
+        };
+        // SAFETY: work, input and src are live slices of the stated lengths for the whole call.
+        unsafe {
+            if pipelined {
+                ex.run_pipelined(&segs, &desc, op, bufs)
+            } else {
+                ex.run(&plan, &desc, op, bufs)
+            }
+        }
+    }
+
+    pub(super) fn check_root(&self, root: usize) -> Result<()> {
+        if root >= self.size {
+            return Err(Error::Invalid(format!(
+                "root {root} is not a rank of this communicator of {} ranks",
+                self.size
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn all_reduce(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        self.all_reduce_from(buf, None, dtype, op)
+    }
+
+    pub(super) fn all_reduce_from(
+        &mut self,
+        buf: &mut [u8],
+        src: Option<&[u8]>,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let count = buf.len() / dtype.size();
+        if src.is_some_and(|s| s.len() != buf.len()) {
+            return Err(Error::Invalid(
+                "all_reduce: input and output lengths differ".into(),
+            ));
+        }
+        self.exec_from(Shape::new(CollKind::AllReduce, dtype, op, count, 0), buf, &[], src)?;
+        if op == ReduceOp::Avg {
+            kernels::finish_avg(dtype, buf, self.size);
+        }
+        Ok(())
+    }
+
+    pub(super) fn reduce_scatter(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        let esz = dtype.size();
+        if !buf.len().is_multiple_of(esz * self.size) {
+            return Err(Error::Invalid(format!(
+                "reduce_scatter: {} elements are not {} equal blocks",
+                buf.len() / esz,
+                self.size
+            )));
+        }
+        let count = buf.len() / esz / self.size;
+        self.exec(Shape::new(CollKind::ReduceScatter, dtype, op, count, 0), buf, &[])?;
+        if op == ReduceOp::Avg {
+            let b = count * esz;
+            kernels::finish_avg(
+                dtype,
+                &mut buf[self.rank * b..(self.rank + 1) * b],
+                self.size,
+            );
+        }
+        Ok(())
+    }
+
+    pub(super) fn all_gather(&mut self, buf: &mut [u8], dtype: DataType) -> Result<()> {
+        let esz = dtype.size();
+        if !buf.len().is_multiple_of(esz * self.size) {
+            return Err(Error::Invalid(format!(
+                "all_gather: {} elements are not {} equal blocks",
+                buf.len() / esz,
+                self.size
+            )));
+        }
+        let count = buf.len() / esz / self.size;
+        self.exec(Shape::new(CollKind::AllGather, dtype, ReduceOp::Sum, count, 0), buf, &[])
+    }
+
+    pub(super) fn broadcast(&mut self, buf: &mut [u8], dtype: DataType, root: usize) -> Result<()> {
+        self.check_root(root)?;
+        let count = buf.len() / dtype.size();
+        self.exec(Shape::new(CollKind::Broadcast, dtype, ReduceOp::Sum, count, root), buf, &[])
+    }
+
+    pub(super) fn reduce(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp, root: usize) -> Result<()> {
+        self.check_root(root)?;
+        let count = buf.len() / dtype.size();
+        self.exec(Shape::new(CollKind::Reduce, dtype, op, count, root), buf, &[])?;
+        if op == ReduceOp::Avg && self.rank == root {
+            kernels::finish_avg(dtype, buf, self.size);
+        }
+        Ok(())
+    }
+
+    pub(super) fn all_to_all(&mut self, input: &[u8], output: &mut [u8], dtype: DataType) -> Result<()> {
+        let count = input.len() / dtype.size() / self.size;
+        if self.size == 1 {
+            output.copy_from_slice(input);
+            self.next_desc(Shape::new(CollKind::AllToAll, dtype, ReduceOp::Sum, count, 0));
+            return Ok(());
+        }
+        self.exec(Shape::new(CollKind::AllToAll, dtype, ReduceOp::Sum, count, 0), output, input)
+    }
+
+    pub(super) fn barrier(&mut self) -> Result<()> {
+        let mut b = [0u8; 1];
+        self.exec(Shape::new(CollKind::Barrier, DataType::U8, ReduceOp::Max, 1, 0), &mut b, &[])
+    }
+
+    pub(super) fn p2p(
+        &mut self,
+        send: Option<(&[u8], usize)>,
+        recv: Option<(&mut [u8], usize)>,
+        dtype: DataType,
+    ) -> Result<()> {
+        for p in send
+            .as_ref()
+            .map(|s| s.1)
+            .into_iter()
+            .chain(recv.as_ref().map(|r| r.1))
+        {
+            if p >= self.size {
+                return Err(Error::Invalid(format!(
+                    "peer {p} is not a rank of this communicator of {} ranks",
+                    self.size
+                )));
+            }
+        }
+        let esz = dtype.size();
+        // Each direction carries its own descriptor: sequence numbers count sends per peer.
+        if let Some((buf, peer)) = send {
+            let n = buf.len() / esz;
+            let s = self.p2p_send.entry(peer).or_insert(0);
+            *s += 1;
+            let desc = CallDesc {
+                seq: *s,
+                kind: CollKind::SendRecv,
+                dtype,
+                op: ReduceOp::Sum,
+                count: n as u64,
+                root: self.rank as u32,
+                comm: self.comm,
+            };
+            let (rdesc, rbuf) = match recv {
+                Some((rb, src)) => {
+                    let r = self.p2p_recv.entry(src).or_insert(0);
+                    *r += 1;
+                    (
+                        Some((
+                            CallDesc {
+                                seq: *r,
+                                kind: CollKind::SendRecv,
+                                dtype,
+                                op: ReduceOp::Sum,
+                                count: (rb.len() / esz) as u64,
+                                root: src as u32,
+                                comm: self.comm,
+                            },
+                            src,
+                        )),
+                        Some(rb),
+                    )
+                }
+                None => (None, None),
+            };
+            return self.p2p_exec(Some((buf, peer, desc)), rbuf.zip(rdesc), esz);
+        }
+        if let Some((rb, src)) = recv {
+            let r = self.p2p_recv.entry(src).or_insert(0);
+            *r += 1;
+            let d = CallDesc {
+                seq: *r,
+                kind: CollKind::SendRecv,
+                dtype,
+                op: ReduceOp::Sum,
+                count: (rb.len() / esz) as u64,
+                root: src as u32,
+                comm: self.comm,
+            };
+            return self.p2p_exec(None, Some((rb, (d, src))), esz);
+        }
+        Ok(())
+    }
+
+    /// Point-to-point: a sender's descriptor names itself as "root"; the receiver expects the
+    /// sender's rank there, so the descriptors of a matching send and receive are equal.
+    pub(super) fn p2p_exec(
+        &mut self,
+        send: Option<(&[u8], usize, CallDesc)>,
+        recv: Option<(&mut [u8], (CallDesc, usize))>,
+        _esz: usize,
+    ) -> Result<()> {
+        if self.size == 1
+            || send.as_ref().is_some_and(|s| s.1 == self.rank)
+            || recv.as_ref().is_some_and(|r| r.1 .1 == self.rank)
+        {
+            // Self-send: copy directly.
+            if let (Some((s, sp, _)), Some((r, (_, rp)))) = (&send, &recv) {
+                if *sp == self.rank && *rp == self.rank && s.len() == r.len() {
+                    let r: &mut [u8] =
+                        unsafe { std::slice::from_raw_parts_mut(r.as_ptr() as *mut u8, r.len()) };
+                    r.copy_from_slice(s);
+                    return Ok(());
+                }
+            }
+            return Err(Error::Invalid(
+                "send/recv to self needs a matching send_recv on the same call".into(),
+            ));
+        }
+        let mut ex = Executor {
+            rank: self.rank,
+            size: self.size,
+            links: &mut self.links,
+            fabric: None,
+            timeout: self.world.cfg.timeout,
+            chunk: self.world.cfg.net_chunk,
+            staging: &mut self.staging,
+            mem: None,
+        };
+        // SAFETY: the slices outlive the call.
+        unsafe {
+            ex.p2p(
+                send.map(|(b, p, d)| (b.as_ptr(), b.len(), p, d)),
+                recv.map(|(b, (d, p))| (b.as_mut_ptr(), b.len(), p, d)),
+            )
+        }
+    }
+}

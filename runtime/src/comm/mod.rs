@@ -1,0 +1,354 @@
+//! The communicator: who the ranks are, where they live, and the collective API.
+//!
+//! The rooms of this folder, in the order a call walks through them:
+//! - `mod.rs` (here): the types ([`Communicator`], its shared state) and the typed public API;
+//! - [`raw`]: the same collectives on byte buffers plus a [`DataType`] (benchmarks, bindings);
+//! - [`order`]: call ordering — blocking calls on the caller's thread, `*_start` calls on one
+//!   worker thread, tickets keeping both in program order — and [`Pending`];
+//! - [`call`]: `Inner`, one communicator's state, and its call path: argument checks, the
+//!   algorithm choice, the plan cache, the executor run, failure handling (poisoning, telling
+//!   the peers);
+//! - [`setup`]: making communicators — `init` from the launch, the world gathered through the
+//!   store, binding, the node's shared-memory segment, `split`;
+//! - `device` / `device_state` (feature `cuda`): collectives on device memory and the
+//!   per-communicator device state they keep.
+//!
+//! Links to peers are the transport's ([`crate::transport::links::LinkTable`]); the executor gets
+//! them through the [`Links`](crate::transport::links::Links) trait.
+
+mod call;
+#[cfg(feature = "cuda")]
+pub mod device;
+#[cfg(feature = "cuda")]
+pub(crate) mod device_state;
+mod order;
+mod raw;
+mod setup;
+
+pub use crate::transport::links::PeerInfo;
+pub use order::Pending;
+
+use crate::error::{Error, Result};
+use call::Inner;
+use railring_collectives::plan::{Algo, CollKind, Layout, Plan};
+use railring_collectives::{as_bytes, as_bytes_mut, DataType, Element, ReduceOp};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+
+/// A group of ranks that run collectives together.
+///
+/// Calls on one communicator run in the order they are made (non-blocking ones included); every
+/// rank must make the same calls in the same order. After a failed call (a peer died, calls
+/// disagreed, a timeout) the communicator refuses further calls.
+pub struct Communicator {
+    sh: Arc<Shared>,
+}
+
+/// Work for the communicator's worker thread.
+
+struct Shared {
+    inner: Mutex<Inner>,
+    turn: Mutex<(u64, u64)>,
+    turn_cv: Condvar,
+    worker: Mutex<Option<mpsc::Sender<order::Job>>>,
+    /// Set once the worker exists: from then on calls take tickets.
+    worker_started: std::sync::atomic::AtomicBool,
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    local_size: usize,
+    node: usize,
+    nnodes: usize,
+}
+
+
+impl Communicator {
+    pub fn rank(&self) -> usize {
+        self.sh.rank
+    }
+    pub fn size(&self) -> usize {
+        self.sh.size
+    }
+    pub fn local_rank(&self) -> usize {
+        self.sh.local_rank
+    }
+    pub fn local_size(&self) -> usize {
+        self.sh.local_size
+    }
+    /// Index of this rank's node (nodes ordered by their lowest rank).
+    pub fn node(&self) -> usize {
+        self.sh.node
+    }
+    pub fn nnodes(&self) -> usize {
+        self.sh.nnodes
+    }
+    /// Which ranks share which node.
+    pub fn layout(&self) -> Layout {
+        self.lock().layout.clone()
+    }
+    /// The rail (index into this rank's rail interfaces) its network traffic uses, and its name.
+    pub fn rail(&self) -> (usize, Option<String>) {
+        let g = self.lock();
+        let name = g
+            .world
+            .net
+            .as_ref()
+            .and_then(|n| n.rails.get(g.rail).map(|r| r.ifname.clone()));
+        (g.rail, name)
+    }
+    /// Bytes sent so far over network links (for counters and tests).
+    pub fn net_bytes_sent(&self) -> u64 {
+        self.lock().links.net_bytes_sent()
+    }
+    /// The algorithm the communicator would use for `kind` of `count` elements of `dtype`, and why.
+    pub fn explain(
+        &self,
+        kind: CollKind,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> (Algo, String) {
+        self.lock().choose(kind, count, dtype.size(), root)
+    }
+    /// The plan this rank runs for such a call (for `--explain` style output).
+    pub fn plan_for(
+        &self,
+        kind: CollKind,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<Plan> {
+        let mut g = self.lock();
+        let (algo, _) = g.choose(kind, count, dtype.size(), root);
+        g.plan(kind, algo, count, root).map(|p| (*p).clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.sh.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ---- collectives ----
+
+    /// In-place all-reduce: every rank ends with the reduction of every rank's `buf`.
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.blocking(|g| g.all_reduce(as_bytes_mut(buf), T::DTYPE, op))
+    }
+
+    /// Out-of-place all-reduce.
+    pub fn all_reduce_into<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        if input.len() != output.len() {
+            return Err(Error::Invalid(format!(
+                "all_reduce_into: input has {} elements, output {}",
+                input.len(),
+                output.len()
+            )));
+        }
+        self.blocking(|g| {
+            g.all_reduce_from(as_bytes_mut(output), Some(as_bytes(input)), T::DTYPE, op)
+        })
+    }
+
+    /// Non-blocking all-reduce of an owned buffer; `wait()` returns it reduced.
+    pub fn all_reduce_start<T: Element>(&self, mut buf: Vec<T>, op: ReduceOp) -> Pending<Vec<T>> {
+        self.submit(move |g| {
+            g.all_reduce(as_bytes_mut(&mut buf), T::DTYPE, op)
+                .map(|_| buf)
+        })
+    }
+
+    /// Reduce-scatter: `input` holds `size` blocks of `output.len()` elements; rank r's `output`
+    /// receives the reduction of block r.
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = self.size();
+        if input.len() != output.len() * n {
+            return Err(Error::Invalid(format!(
+                "reduce_scatter: input has {} elements, expected {} x {n}",
+                input.len(),
+                output.len()
+            )));
+        }
+        let mut work = input.to_vec();
+        self.reduce_scatter_in_place(&mut work, op)?;
+        let r = self.rank();
+        output.copy_from_slice(&work[r * output.len()..(r + 1) * output.len()]);
+        Ok(())
+    }
+
+    /// In-place reduce-scatter: `buf` holds `size` blocks; afterwards this rank's block holds the
+    /// reduction (other blocks are scratch).
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.blocking(|g| g.reduce_scatter(as_bytes_mut(buf), T::DTYPE, op))
+    }
+
+    pub fn reduce_scatter_start<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+    ) -> Pending<Vec<T>> {
+        self.submit(move |g| {
+            g.reduce_scatter(as_bytes_mut(&mut buf), T::DTYPE, op)
+                .map(|_| buf)
+        })
+    }
+
+    /// All-gather: `output` (`size` x `input.len()`) receives every rank's `input`, in rank order.
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let (n, r, c) = (self.size(), self.rank(), input.len());
+        if output.len() != c * n {
+            return Err(Error::Invalid(format!(
+                "all_gather: output has {} elements, expected {c} x {n}",
+                output.len()
+            )));
+        }
+        output[r * c..(r + 1) * c].copy_from_slice(input);
+        self.all_gather_in_place(output)
+    }
+
+    /// In-place all-gather: this rank's block of `buf` is its contribution.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        self.blocking(|g| g.all_gather(as_bytes_mut(buf), T::DTYPE))
+    }
+
+    pub fn all_gather_start<T: Element>(&self, mut buf: Vec<T>) -> Pending<Vec<T>> {
+        self.submit(move |g| g.all_gather(as_bytes_mut(&mut buf), T::DTYPE).map(|_| buf))
+    }
+
+    /// Broadcast `root`'s `buf` to every rank.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.blocking(|g| g.broadcast(as_bytes_mut(buf), T::DTYPE, root))
+    }
+
+    pub fn broadcast_start<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Pending<Vec<T>> {
+        self.submit(move |g| {
+            g.broadcast(as_bytes_mut(&mut buf), T::DTYPE, root)
+                .map(|_| buf)
+        })
+    }
+
+    /// Reduce to `root`: `output` on the root receives the reduction of every rank's `input`
+    /// (on other ranks `output` is used as scratch).
+    pub fn reduce<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        if input.len() != output.len() {
+            return Err(Error::Invalid(format!(
+                "reduce: input has {} elements, output {}",
+                input.len(),
+                output.len()
+            )));
+        }
+        output.copy_from_slice(input);
+        self.blocking(|g| g.reduce(as_bytes_mut(output), T::DTYPE, op, root))
+    }
+
+    /// In-place reduce: the root's `buf` receives the reduction; other ranks' `buf` is unchanged.
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        if self.rank() == root {
+            self.blocking(|g| g.reduce(as_bytes_mut(buf), T::DTYPE, op, root))
+        } else {
+            let mut tmp = buf.to_vec();
+            self.blocking(|g| g.reduce(as_bytes_mut(&mut tmp), T::DTYPE, op, root))
+        }
+    }
+
+    pub fn reduce_start<T: Element>(
+        &self,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Pending<Vec<T>> {
+        self.submit(move |g| {
+            g.reduce(as_bytes_mut(&mut buf), T::DTYPE, op, root)
+                .map(|_| buf)
+        })
+    }
+
+    /// All-to-all: `input` holds `size` blocks (block j goes to rank j); `output` receives
+    /// `size` blocks (block j from rank j).
+    pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        let n = self.size();
+        if input.len() != output.len() || !input.len().is_multiple_of(n) {
+            return Err(Error::Invalid(format!(
+                "all_to_all: input {} and output {} elements must be equal and divisible by {n}",
+                input.len(),
+                output.len()
+            )));
+        }
+        self.blocking(|g| g.all_to_all(as_bytes(input), as_bytes_mut(output), T::DTYPE))
+    }
+
+    pub fn all_to_all_start<T: Element>(&self, input: Vec<T>) -> Pending<Vec<T>> {
+        let mut out = vec![T::default(); input.len()];
+        let n = self.size();
+        self.submit(move |g| {
+            if !input.len().is_multiple_of(n) {
+                return Err(Error::Invalid(
+                    "all_to_all: length not divisible by the world size".into(),
+                ));
+            }
+            g.all_to_all(as_bytes(&input), as_bytes_mut(&mut out), T::DTYPE)
+                .map(|_| out)
+        })
+    }
+
+    /// Send `buf` to `peer` (matched in order with the peer's `recv` from this rank).
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.blocking(|g| g.p2p(Some((as_bytes(buf), peer)), None, T::DTYPE))
+    }
+
+    /// Receive `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.blocking(|g| g.p2p(None, Some((as_bytes_mut(buf), peer)), T::DTYPE))
+    }
+
+    /// Send to `dest` and receive from `src` at the same time (no deadlock when ranks pair up).
+    pub fn send_recv<T: Element>(
+        &self,
+        send: &[T],
+        dest: usize,
+        recv: &mut [T],
+        src: usize,
+    ) -> Result<()> {
+        self.blocking(|g| {
+            g.p2p(
+                Some((as_bytes(send), dest)),
+                Some((as_bytes_mut(recv), src)),
+                T::DTYPE,
+            )
+        })
+    }
+
+    /// Wait until every rank has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.blocking(|g| g.barrier())
+    }
+
+    pub fn barrier_start(&self) -> Pending<()> {
+        self.submit(|g| g.barrier())
+    }
+
+    /// Split like `MPI_Comm_split`: ranks passing the same `color` form a new communicator,
+    /// ordered by (`key`, old rank). `None` (MPI_UNDEFINED) takes part but gets no communicator.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        self.blocking(|g| g.split(color, key))
+    }
+}
+

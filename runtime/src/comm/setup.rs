@@ -1,0 +1,545 @@
+//! Making communicators: [`Communicator::init`] from the launch (railrun, Slurm, torchrun-style
+//! env, MPI with the `mpi` feature, or alone), the world gathered through the store, this
+//! process's binding and rail, the node's shared-memory segment, and `split`.
+
+use super::call::{Inner, World};
+use super::{Communicator, PeerInfo, Shared};
+use crate::bootstrap::{self, Launch, Rendezvous, StoreClient};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::machine;
+use crate::transport::links::LinkTable;
+use crate::transport::shm::{segment_path, Geometry, Node, ShmFabric};
+use crate::transport::tcp::{discover_rails, TcpNet};
+use railring_collectives::plan::Layout;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Limit on the world description read from the store.
+const MAX_WORLD: usize = 1 << 20;
+
+fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let level = std::env::var("RAILRING_DEBUG")
+            .unwrap_or_else(|_| "WARN".into())
+            .to_ascii_lowercase();
+        let level = match level.as_str() {
+            "trace" => "trace",
+            "debug" => "debug",
+            "info" => "info",
+            "error" => "error",
+            _ => "warn",
+        };
+        let filter = match std::env::var("RAILRING_DEBUG_SUBSYS") {
+            Ok(s) if !s.trim().is_empty() => s
+                .split(',')
+                .map(|x| format!("railring::{}={level}", x.trim().to_ascii_lowercase()))
+                .collect::<Vec<_>>()
+                .join(","),
+            _ => format!("railring={level}"),
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .with_target(true)
+            .without_time()
+            .try_init();
+    });
+}
+
+fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+impl Communicator {
+    /// Join the job this process was started in (see [`crate::bootstrap::launch`]): railrun's
+    /// environment (`RAILRING_*`), a Slurm step, torchrun-style env, an MPI launcher (feature
+    /// `mpi`), or a world of one when started alone.
+    pub fn init() -> Result<Communicator> {
+        init_logging();
+        let cfg = Config::from_env()?;
+        match bootstrap::launch::from_process_env()? {
+            Launch::Alone => Self::alone(cfg),
+            #[cfg(feature = "mpi")]
+            Launch::Mpi { source } => {
+                // started by mpirun / mpiexec (see bootstrap::mpi)
+                let timeout = cfg.connect_timeout;
+                bootstrap::mpi::init_world(source, timeout, |rv| Self::from_rendezvous(rv, cfg))
+            }
+            launch => match bootstrap::join(launch, cfg.connect_timeout)? {
+                Some(rv) => Self::from_rendezvous(rv, cfg),
+                None => Self::alone(cfg),
+            },
+        }
+    }
+
+    /// A railring communicator over the ranks of an MPI communicator (usually
+    /// `universe.world()`), in its rank order. Collective over `world`: every rank of it must
+    /// call this. MPI only carries the bootstrap (see [`crate::bootstrap::mpi`]); collectives
+    /// run on railring's own shared memory and TCP rails. The caller keeps MPI initialized for
+    /// as long as it uses MPI itself; the returned communicator does not need MPI after this
+    /// call.
+    ///
+    /// ```no_run
+    /// let universe = mpi::initialize().expect("MPI already initialized");
+    /// let comm = railring::Communicator::from_mpi(&universe.world())?;
+    /// # Ok::<(), railring::Error>(())
+    /// ```
+    #[cfg(feature = "mpi")]
+    pub fn from_mpi<C: mpi::topology::Communicator>(world: &C) -> Result<Communicator> {
+        let cfg = Config::from_env()?;
+        let rv = bootstrap::mpi::rendezvous_over(world, cfg.connect_timeout)?;
+        Self::from_rendezvous(rv, cfg)
+    }
+
+    fn alone(cfg: Config) -> Result<Communicator> {
+        let me = PeerInfo {
+            rank: 0,
+            host_id: machine::host_id(),
+            hostname: machine::hostname(),
+            pid: std::process::id(),
+            addrs: vec![],
+            kernel: machine::kernel_id(),
+        };
+        let world = World {
+            job: "solo".into(),
+            peers: Arc::new(vec![me]),
+            store: None,
+            net: None,
+            cfg,
+        };
+        Ok(Self::assemble(0, 0, Layout::single_node(1), 0, world, None))
+    }
+
+    /// Build the world communicator from a rendezvous: listen on the rails, publish this rank,
+    /// learn everyone, bind, set up shared memory.
+    pub fn from_rendezvous(rv: Rendezvous, cfg: Config) -> Result<Communicator> {
+        let Rendezvous {
+            rank,
+            size,
+            store,
+            secret,
+            job,
+            server,
+        } = rv;
+        let rails = discover_rails(cfg.socket_ifname.as_deref()).map_err(|e| Error::Env {
+            var: "RAILRING_SOCKET_IFNAME".into(),
+            value: cfg.socket_ifname.clone().unwrap_or_default(),
+            why: e.to_string(),
+        })?;
+        let net = TcpNet::start(rails, &secret).map_err(|e| Error::Transport {
+            rank,
+            what: "listening on rail interfaces".into(),
+            err: e,
+        })?;
+        let me = PeerInfo {
+            rank,
+            host_id: machine::host_id(),
+            hostname: machine::hostname(),
+            pid: std::process::id(),
+            addrs: net.addrs.clone(),
+            kernel: machine::kernel_id(),
+        };
+        let comm = 1u64;
+        let peers = gather_world(&store, comm, &me, size, &cfg)?;
+        note_kernel_sharing(&peers, rank);
+        let world = World {
+            job,
+            peers: Arc::new(peers),
+            store: Some(store),
+            net: Some(net),
+            cfg,
+        };
+        let c = Self::build(rank, (0..size).collect(), comm, world, None)?;
+        c.lock().store_server = server;
+        Ok(c)
+    }
+
+    /// Build a communicator over `members` (ranks of `world.peers`, in new-rank order);
+    /// `parent_rail` for sub-communicators (they keep the process's binding and rail).
+    fn build(
+        rank: usize,
+        members: Vec<usize>,
+        comm: u64,
+        world: World,
+        parent_rail: Option<usize>,
+    ) -> Result<Communicator> {
+        let size = members.len();
+        let peers: Vec<PeerInfo> = members
+            .iter()
+            .enumerate()
+            .map(|(i, &pr)| {
+                let mut p = world.peers[pr].clone();
+                p.rank = i;
+                p
+            })
+            .collect();
+        // Nodes: ranks sharing a host identity, ordered by their lowest rank.
+        let mut nodes: Vec<(String, Vec<usize>)> = Vec::new();
+        for p in &peers {
+            match nodes.iter_mut().find(|(h, _)| *h == p.host_id) {
+                Some((_, v)) => v.push(p.rank),
+                None => nodes.push((p.host_id.clone(), vec![p.rank])),
+            }
+        }
+        let layout = Layout {
+            nodes: nodes.iter().map(|(_, v)| v.clone()).collect(),
+        };
+        let (node_index, local_rank) = layout
+            .locate(rank)
+            .ok_or_else(|| Error::Invalid("rank missing from layout".into()))?;
+        let local = layout.nodes[node_index].clone();
+        let net = world.net.as_deref();
+        let rails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
+        let rail = if comm == 1 {
+            Self::bind(rank, local_rank, local.len(), net)
+        } else {
+            // sub-communicators keep the process's binding and rail
+            parent_rail.unwrap_or(local_rank % rails)
+        };
+        let node = if local.len() > 1 {
+            let store = world
+                .store
+                .as_ref()
+                .ok_or_else(|| Error::Invalid("several local ranks but no store".into()))?;
+            Some(Self::setup_shm(
+                store,
+                comm,
+                &world.job,
+                &local,
+                local_rank,
+                &nodes[node_index].0,
+                &world.cfg,
+            )?)
+        } else {
+            None
+        };
+        let world = World {
+            peers: Arc::new(peers),
+            ..world
+        };
+        let c = Self::assemble(rank, comm, layout, node_index, world, node);
+        {
+            let mut g = c.lock();
+            g.rail = rail;
+            g.links.set_rail(rail);
+            #[cfg(feature = "rdma")]
+            if nodes.len() > 1 {
+                g.links.set_rdma(crate::transport::rdma::select_net(rank)?);
+            }
+        }
+        tracing::info!(target: "railring::init", rank, size, "node {node_index} local rank {local_rank}/{}, rail {rail}", local.len());
+        Ok(c)
+    }
+
+    /// Bind this process (CPUs from the topology) and pick its rail: the NIC the topology chose
+    /// for this local rank when every local rank's NIC is one of the rail interfaces, else local
+    /// rank i -> rail i mod R. Topology problems are logged, never fatal.
+    fn bind(rank: usize, local_rank: usize, local_size: usize, net: Option<&TcpNet>) -> usize {
+        use crate::topology::{apply_cpu_binding, BindOptions, Topology};
+        let nrails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
+        let fallback = local_rank % nrails;
+        let bindings = Topology::discover().and_then(|t| {
+            BindOptions::from_env().and_then(|mut o| {
+                // choose among the rail interfaces only
+                o.nic_allow = net.map(|n| n.rails.iter().map(|r| r.ifname.clone()).collect());
+                t.bindings(local_size, &o)
+            })
+        });
+        let bindings = match bindings {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(target: "railring::topo", rank, "topology unavailable ({e}); rail {fallback} by local rank, CPUs unbound");
+                return fallback;
+            }
+        };
+        let Some(me) = bindings.get(local_rank) else {
+            return fallback;
+        };
+        // More local ranks share this CPU set than it has CPUs (a 2-core laptop running 4
+        // ranks): pin each to one CPU of the set, round-robin, so each core keeps the same
+        // processes and waits hand the core straight to a peer instead of migrating it.
+        let sharers: Vec<usize> = (0..bindings.len())
+            .filter(|&i| bindings[i].cpus == me.cpus)
+            .collect();
+        let cpus = if let (Some((i, n)), false) =
+            (crate::transport::kernel_slot(), me.cpus.is_empty())
+        {
+            // Several nodes on one kernel (emulated hosts): give each node its own share of the
+            // CPUs, as real nodes have, by pinning the kernel's ranks in rank order in blocks.
+            // A node's ranks then wait on each other on their own CPUs, and the network peers
+            // of a ring (other nodes) run beside them instead of on the same CPU.
+            let c = vec![me.cpus[(i * me.cpus.len() / n.max(1)).min(me.cpus.len() - 1)]];
+            tracing::info!(target: "railring::topo", rank, "{n} ranks of several nodes share this kernel's CPUs {}: pinned to CPU {} (rank {i} of {n} here, in blocks)", crate::topology::format_cpulist(&me.cpus), c[0]);
+            c
+        } else if !me.cpus.is_empty()
+            && (sharers.len() > me.cpus.len() || crate::transport::oversubscribed())
+        {
+            let k = sharers.iter().position(|&i| i == local_rank).unwrap_or(0);
+            let c = vec![me.cpus[k % me.cpus.len()]];
+            tracing::info!(target: "railring::topo", rank, "{} local ranks share CPUs {}: oversubscribed, pinned to CPU {}", sharers.len(), crate::topology::format_cpulist(&me.cpus), c[0]);
+            c
+        } else {
+            me.cpus.clone()
+        };
+        if let Err(e) = apply_cpu_binding(&cpus) {
+            tracing::warn!(target: "railring::topo", rank, "could not bind CPUs {cpus:?}: {e}");
+        }
+        let rail_of = |b: &crate::topology::Binding| {
+            let nic = b.nics.first()?;
+            net?.rails
+                .iter()
+                .position(|r| r.ifname == nic.netdev || r.ifname == nic.name)
+        };
+        let all: Option<Vec<usize>> = bindings.iter().map(rail_of).collect();
+        let (rail, why) = match all {
+            Some(v) => (v[local_rank], "the topology's nearest NIC"),
+            None => (fallback, "local rank modulo the number of rails (the topology's NICs are not all rail interfaces)"),
+        };
+        let rail_name = net
+            .and_then(|n| n.rails.get(rail))
+            .map(|r| r.ifname.clone())
+            .unwrap_or_default();
+        tracing::info!(
+            target: "railring::topo",
+            rank,
+            "local rank {local_rank}: GPU {}, NIC {}, CPUs {}, rail {rail} ({rail_name}) by {why}; {}",
+            me.gpu.as_ref().map(|g| g.index.to_string()).unwrap_or_else(|| "none".into()),
+            me.nics.first().map(|n| format!("{} ({})", n.name, n.path_class)).unwrap_or_else(|| "none".into()),
+            crate::topology::format_cpulist(&me.cpus),
+            me.reason
+        );
+        rail
+    }
+
+    fn setup_shm(
+        store: &StoreClient,
+        comm: u64,
+        job: &str,
+        local: &[usize],
+        me: usize,
+        host_id: &str,
+        cfg: &Config,
+    ) -> Result<Arc<Node>> {
+        let key = format!("{:x}", fnv(&[host_id.as_bytes()]));
+        let path = segment_path(job, comm, &key);
+        let geo = Geometry {
+            local_size: local.len(),
+            slot_bytes: (cfg.shm_slot + 63) & !63,
+            ring_bytes: 256 << 10,
+        };
+        let rank = local[me];
+        let shm_err = |what: &str, e: std::io::Error| Error::Shm {
+            rank,
+            what: format!("{what} {}", path.display()),
+            err: e,
+        };
+        let ready = format!("c{comm:x}/shm/{key}");
+        let node = if me == 0 {
+            let _ = std::fs::remove_file(&path);
+            let n = Node::open(&path, geo, local.to_vec(), me, machine::hostname(), true)
+                .map_err(|e| shm_err("creating", e))?;
+            store.set(&ready, b"1")?;
+            n
+        } else {
+            store.get(&ready, cfg.timeout)?;
+            Node::open(&path, geo, local.to_vec(), me, machine::hostname(), false)
+                .map_err(|e| shm_err("opening", e))?
+        };
+        // The last rank to map the segment removes its name: nothing is left in /dev/shm.
+        if store.add(&format!("c{comm:x}/shm-mapped/{key}"), 1)? == local.len() as i64 {
+            let _ = std::fs::remove_file(&path);
+        }
+        Ok(node)
+    }
+
+    /// The communicator of `rank` (ranks and nodes as `layout` says, this rank on node
+    /// `node_index`; `world.peers` are this communicator's ranks) over this node's segment.
+    fn assemble(
+        rank: usize,
+        comm: u64,
+        layout: Layout,
+        node_index: usize,
+        world: World,
+        node: Option<Arc<Node>>,
+    ) -> Communicator {
+        let size = world.peers.len();
+        let local = layout
+            .nodes
+            .get(node_index)
+            .cloned()
+            .unwrap_or_else(|| vec![rank]);
+        let local_rank = local.iter().position(|&r| r == rank).unwrap_or(0);
+        let fabric = node.as_ref().map(|n| {
+            Box::new(ShmFabric::new(n.clone(), world.cfg.timeout))
+                as Box<dyn crate::transport::NodeFabric>
+        });
+        let links = LinkTable::new(
+            rank,
+            comm,
+            &world.cfg,
+            node.map(|n| (n, &local[..])),
+            world.net.clone(),
+            world.peers.clone(),
+            world.store.clone(),
+        );
+        let nnodes = layout.nodes.len();
+        let inner = Inner::new(rank, comm, layout, world, links, fabric);
+        Communicator {
+            sh: Arc::new(Shared {
+                inner: Mutex::new(inner),
+                turn: Mutex::new((0, 0)),
+                turn_cv: Condvar::new(),
+                worker: Mutex::new(None),
+                worker_started: std::sync::atomic::AtomicBool::new(false),
+                rank,
+                size,
+                local_rank,
+                local_size: local.len(),
+                node: node_index,
+                nnodes,
+            }),
+        }
+    }
+}
+
+/// Publish this rank's [`PeerInfo`] and read everyone's: rank 0 gathers them into one `world`
+/// record in the store, every rank reads that.
+fn gather_world(
+    store: &StoreClient,
+    comm: u64,
+    me: &PeerInfo,
+    size: usize,
+    cfg: &Config,
+) -> Result<Vec<PeerInfo>> {
+    let rank = me.rank;
+    let js = serde_json::to_vec(me).map_err(|e| Error::Invalid(e.to_string()))?;
+    store.set(&format!("c{comm:x}/info/{rank}"), &js)?;
+    let world_key = format!("c{comm:x}/world");
+    if rank == 0 {
+        let keys: Vec<String> = (0..size).map(|r| format!("c{comm:x}/info/{r}")).collect();
+        store.wait(&keys, cfg.timeout)?;
+        let mut all = Vec::with_capacity(size);
+        for k in &keys {
+            all.push(store.get(k, cfg.timeout)?);
+        }
+        let joined = format!(
+            "[{}]",
+            all.iter()
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        store.set(&world_key, joined.as_bytes())?;
+    }
+    let world = store.get(&world_key, cfg.timeout)?;
+    if world.len() > MAX_WORLD.saturating_mul(size.max(1)).min(1 << 30) {
+        return Err(Error::Invalid("world description too large".into()));
+    }
+    let peers: Vec<PeerInfo> = serde_json::from_slice(&world)
+        .map_err(|e| Error::Invalid(format!("world description from the store: {e}")))?;
+    if peers.len() != size || peers.iter().enumerate().any(|(i, p)| p.rank != i) {
+        return Err(Error::Invalid(format!(
+            "world description lists {} ranks, expected {size}",
+            peers.len()
+        )));
+    }
+    Ok(peers)
+}
+
+/// Ranks on this kernel share its CPUs even when they are different "nodes" (network
+/// namespaces, containers): more of them than CPUs means waits must yield, not spin, and when
+/// several nodes share the kernel each gets its own block of CPUs (see `bind`).
+fn note_kernel_sharing(peers: &[PeerInfo], rank: usize) {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let on_kernel: Vec<&PeerInfo> = peers
+        .iter()
+        .filter(|p| !p.kernel.is_empty() && p.kernel == peers[rank].kernel)
+        .collect();
+    let here = on_kernel.len();
+    crate::transport::set_oversubscribed(here > cpus);
+    let mut hosts: Vec<&str> = on_kernel.iter().map(|p| p.host_id.as_str()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    if here > cpus && hosts.len() > 1 {
+        if let Some(i) = on_kernel.iter().position(|p| p.rank == rank) {
+            crate::transport::set_kernel_slot(i, here);
+        }
+    }
+}
+
+impl Inner {
+    /// `Communicator::split` on this rank: agree on every rank's (color, key) through the store,
+    /// then build the new communicator of this rank's color.
+    pub(super) fn split(&mut self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        self.split_seq += 1;
+        let seq = self.split_seq;
+        let Some(store) = self.world.store.clone() else {
+            // A world of one: the only member.
+            return Ok(color.and_then(|_| {
+                let c = Communicator::alone(self.world.cfg.clone());
+                c.ok()
+            }));
+        };
+        let me = format!("{},{key}", color.map(|c| c as i64).unwrap_or(-1));
+        let base = format!("c{:x}/split/{seq}", self.comm);
+        store.set(&format!("{base}/{}", self.rank), me.as_bytes())?;
+        if self.rank == 0 {
+            let keys: Vec<String> = (0..self.size).map(|r| format!("{base}/{r}")).collect();
+            store.wait(&keys, self.world.cfg.timeout)?;
+            let mut all = Vec::new();
+            for k in &keys {
+                all.push(String::from_utf8_lossy(&store.get(k, self.world.cfg.timeout)?).into_owned());
+            }
+            store.set(&format!("{base}/all"), all.join(";").as_bytes())?;
+        }
+        let all = String::from_utf8_lossy(&store.get(&format!("{base}/all"), self.world.cfg.timeout)?)
+            .into_owned();
+        let mut entries = Vec::new();
+        for (r, e) in all.split(';').enumerate() {
+            let (c, k) = e
+                .split_once(',')
+                .ok_or_else(|| Error::Invalid("malformed split record".into()))?;
+            let c: i64 = c
+                .parse()
+                .map_err(|_| Error::Invalid("malformed split color".into()))?;
+            let k: i64 = k
+                .parse()
+                .map_err(|_| Error::Invalid("malformed split key".into()))?;
+            entries.push((r, c, k));
+        }
+        if entries.len() != self.size {
+            return Err(Error::Invalid("split: wrong number of records".into()));
+        }
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> = entries
+            .iter()
+            .filter(|e| e.1 == color as i64)
+            .map(|e| (e.2, e.0))
+            .collect();
+        members.sort();
+        let members: Vec<usize> = members.into_iter().map(|m| m.1).collect();
+        let new_rank = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .ok_or_else(|| Error::Invalid("split: self missing".into()))?;
+        let comm = fnv(&[
+            &self.comm.to_le_bytes(),
+            &seq.to_le_bytes(),
+            &color.to_le_bytes(),
+        ]) | 1;
+        let c = Communicator::build(new_rank, members, comm, self.world.clone(), Some(self.rail))?;
+        Ok(Some(c))
+    }
+}
