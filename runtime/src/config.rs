@@ -37,6 +37,12 @@ pub struct Config {
     /// `RAILRING_NET_GDR_LEVEL` (default PXB; `None`: never): the farthest GPU–NIC path class
     /// at which device collectives hand GPU memory to the NIC (GPUDirect RDMA).
     pub gdr_level: Option<PathClass>,
+    /// The log filter from `RAILRING_DEBUG` (level: TRACE, DEBUG, INFO, WARN (default), ERROR)
+    /// and `RAILRING_DEBUG_SUBSYS` (comma-separated subsystems: init, net, topo, tune, ...).
+    pub log_filter: String,
+    /// `RAILRING_HOST_ID`: ranks with different values are different nodes even on one machine
+    /// (printable ASCII, at most 128 characters; see [`crate::machine::host_id`]).
+    pub host_id: Option<String>,
 }
 
 /// `RAILRING_NET_GDR_LEVEL` (NCCL's `NCCL_NET_GDR_LEVEL` grammar): `LOC` (never), `PIX`,
@@ -79,6 +85,28 @@ fn parse_num(name: &str, default: u64, min: u64, max: u64) -> Result<u64> {
             }
             Ok(n)
         }
+    }
+}
+
+/// The `tracing` filter `RAILRING_DEBUG` and `RAILRING_DEBUG_SUBSYS` ask for.
+fn log_filter() -> String {
+    let level = var("RAILRING_DEBUG")
+        .unwrap_or_else(|| "WARN".into())
+        .to_ascii_lowercase();
+    let level = match level.as_str() {
+        "trace" => "trace",
+        "debug" => "debug",
+        "info" => "info",
+        "error" => "error",
+        _ => "warn",
+    };
+    match var("RAILRING_DEBUG_SUBSYS") {
+        Some(s) => s
+            .split(',')
+            .map(|x| format!("railring::{}={level}", x.trim().to_ascii_lowercase()))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => format!("railring={level}"),
     }
 }
 
@@ -160,6 +188,15 @@ impl Config {
                     why,
                 })?
             },
+            log_filter: log_filter(),
+            host_id: var("RAILRING_HOST_ID")
+                .map(|v| {
+                    v.chars()
+                        .filter(|c| c.is_ascii_graphic())
+                        .take(128)
+                        .collect::<String>()
+                })
+                .filter(|v| !v.is_empty()),
         })
     }
 }

@@ -5,19 +5,13 @@
 
 use std::os::unix::fs::MetadataExt;
 
-/// A string identifying this process's node. `RAILRING_HOST_ID` overrides it: ranks with
-/// different values are treated as different nodes even on one machine (the TCP path and the
-/// two-level algorithm can then be exercised on a laptop).
-pub fn host_id() -> String {
-    if let Ok(v) = std::env::var("RAILRING_HOST_ID") {
-        let v: String = v
-            .chars()
-            .filter(|c| c.is_ascii_graphic())
-            .take(128)
-            .collect();
-        if !v.is_empty() {
-            return format!("override:{v}");
-        }
+/// A string identifying this process's node. An override (`RAILRING_HOST_ID`, from
+/// [`Config::host_id`](crate::config::Config::host_id)) makes ranks with different values
+/// different nodes even on one machine (the TCP path and the two-level algorithm can then be
+/// exercised on a laptop).
+pub fn host_id(id_override: Option<&str>) -> String {
+    if let Some(v) = id_override {
+        return format!("override:{v}");
     }
     let hostname = hostname();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")

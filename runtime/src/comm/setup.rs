@@ -17,27 +17,9 @@ use std::sync::{Arc, Condvar, Mutex};
 /// Limit on the world description read from the store.
 const MAX_WORLD: usize = 1 << 20;
 
-fn init_logging() {
+fn init_logging(filter: &str) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let level = std::env::var("RAILRING_DEBUG")
-            .unwrap_or_else(|_| "WARN".into())
-            .to_ascii_lowercase();
-        let level = match level.as_str() {
-            "trace" => "trace",
-            "debug" => "debug",
-            "info" => "info",
-            "error" => "error",
-            _ => "warn",
-        };
-        let filter = match std::env::var("RAILRING_DEBUG_SUBSYS") {
-            Ok(s) if !s.trim().is_empty() => s
-                .split(',')
-                .map(|x| format!("railring::{}={level}", x.trim().to_ascii_lowercase()))
-                .collect::<Vec<_>>()
-                .join(","),
-            _ => format!("railring={level}"),
-        };
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
@@ -65,8 +47,8 @@ impl Communicator {
     /// environment (`RAILRING_*`), a Slurm step, torchrun-style env, an MPI launcher (feature
     /// `mpi`), or a world of one when started alone.
     pub fn init() -> Result<Communicator> {
-        init_logging();
         let cfg = Config::from_env()?;
+        init_logging(&cfg.log_filter);
         match bootstrap::launch::from_process_env()? {
             Launch::Alone => Self::alone(cfg),
             #[cfg(feature = "mpi")]
@@ -104,7 +86,7 @@ impl Communicator {
     fn alone(cfg: Config) -> Result<Communicator> {
         let me = PeerInfo {
             rank: 0,
-            host_id: machine::host_id(),
+            host_id: machine::host_id(cfg.host_id.as_deref()),
             hostname: machine::hostname(),
             pid: std::process::id(),
             addrs: vec![],
@@ -143,7 +125,7 @@ impl Communicator {
         })?;
         let me = PeerInfo {
             rank,
-            host_id: machine::host_id(),
+            host_id: machine::host_id(cfg.host_id.as_deref()),
             hostname: machine::hostname(),
             pid: std::process::id(),
             addrs: net.addrs.clone(),
