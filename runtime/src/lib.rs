@@ -6,6 +6,7 @@ pub mod host;
 pub mod hostlist;
 pub mod topology;
 pub mod transport;
+pub mod vars;
 
 pub use error::{Error, Result};
 pub mod comm;
