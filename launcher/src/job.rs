@@ -3,7 +3,7 @@
 //! signals, `--timeout`, no survivors).
 
 use crate::cli::{DryRun, RunOpts};
-use crate::hosts;
+use crate::host_source;
 use crate::placement::{self, Placement, PlacementRequest};
 use crate::proto::{self, ExitKind, FrameWriter, JobSpec, Msg, RankSpec, Stream};
 use crate::spawn::{self, Launch, RankEvents};
@@ -108,7 +108,7 @@ pub enum AgentLauncher {
 }
 
 /// Is a Slurm node list in the environment (what makes the host source the allocation when
-/// neither `--hostfile` nor `-H` is given; see [`hosts::resolve_hosts`])?
+/// neither `--hostfile` nor `-H` is given; see [`host_source::resolve_hosts`])?
 pub fn slurm_nodelist_set(env: &dyn Fn(&str) -> Option<String>) -> bool {
     ["SLURM_JOB_NODELIST", "SLURM_NODELIST"]
         .iter()
@@ -269,13 +269,14 @@ fn kill_grace() -> Duration {
 /// `railrun [options] PROGRAM ...`: returns the exit code.
 pub fn run(opts: &RunOpts) -> i32 {
     let env = |k: &str| std::env::var(k).ok();
-    let src = match hosts::resolve_hosts(opts.hostfile.as_deref(), opts.hosts.as_deref(), &env) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("railrun: {e}");
-            return EXIT_CONFIG;
-        }
-    };
+    let src =
+        match host_source::resolve_hosts(opts.hostfile.as_deref(), opts.hosts.as_deref(), &env) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("railrun: {e}");
+                return EXIT_CONFIG;
+            }
+        };
     let req = PlacementRequest {
         np: opts.np,
         ppn: opts.ppn,
@@ -471,7 +472,7 @@ impl<'a> Job<'a> {
             .map(|h| Node {
                 host: h.clone(),
                 user: None,
-                local: hosts::is_local(h),
+                local: host_source::is_local(h),
                 ranks: Vec::new(),
                 agent: None,
             })
@@ -1561,7 +1562,7 @@ pub fn report_bindings(pl: &Placement, bind_to: Option<crate::cli::BindTo>) -> S
             "  rank {} on {} (local rank {}/{})",
             r.rank, r.host, r.local_rank, r.local_size
         );
-        if !hosts::is_local(&r.host) {
+        if !host_source::is_local(&r.host) {
             out.push_str(&format!("{head}: (remote: bound at start)\n"));
             continue;
         }

@@ -1,5 +1,5 @@
 //! railrun: the launcher library (CLI, host sources, placement, spawn, agent, store server).
-pub mod hosts;
+pub mod host_source;
 pub mod placement;
 pub mod topo_cmd;
 

@@ -24,7 +24,7 @@ use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
 
-use crate::hosts::{HostEntry, HostSource};
+use crate::host_source::{HostEntry, HostSource};
 
 /// Most ranks one job may have.
 pub const MAX_RANKS: usize = 1_000_000;
@@ -486,7 +486,7 @@ pub fn place(src: &HostSource, req: &PlacementRequest) -> Result<Placement, Plac
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::{parse_host_arg, parse_hostfile_str, SourceKind};
+    use crate::host_source::{parse_host_arg, parse_hostfile_str, SourceKind};
 
     fn src(text: &str) -> HostSource {
         HostSource::new(
@@ -848,7 +848,7 @@ mod tests {
     fn large_placement_is_linear() {
         // 1000 hosts x 1000 slots, map-by node over a million ranks.
         let hosts = (0..1000)
-            .map(|i| crate::hosts::HostEntry::new(format!("n{i}"), 1000))
+            .map(|i| crate::host_source::HostEntry::new(format!("n{i}"), 1000))
             .collect();
         let s = HostSource::new(hosts, SourceKind::HostArg);
         let p = place_ok_fast(&s, &req(None, MapBy::Node));
