@@ -35,23 +35,8 @@ pub enum DryRun {
     Json,
 }
 
-/// `--bind-to`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BindTo {
-    None,
-    Numa,
-    Core,
-}
-
-impl BindTo {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            BindTo::None => "none",
-            BindTo::Numa => "numa",
-            BindTo::Core => "core",
-        }
-    }
-}
+/// `--bind-to`: the runtime's binding mode, passed to ranks as `RAILRING_BIND_TO`.
+pub use railring::topology::BindTo;
 
 /// One `-x`: forward `name` (value: None) or set it (Some).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,6 +6,8 @@ pub mod topo_cmd;
 pub mod agent;
 pub mod cli;
 pub mod job;
+pub mod node_ranks;
 pub mod proto;
+pub mod signals;
 pub mod spawn;
 pub mod stdio;

@@ -1,5 +1,5 @@
-//! Starting and watching rank processes on this machine: used by the launcher for local ranks
-//! and by the agent for the ranks of its node.
+//! Starting and watching one rank process on this machine, and the process-tree rules around
+//! it ([`crate::node_ranks`] starts a node's ranks with this).
 //!
 //! Every rank starts in its own session and process group (`setsid`), with
 //! `PR_SET_PDEATHSIG = SIGKILL`, so it dies when the thread that forked it (the job's spawning
@@ -27,8 +27,9 @@ pub trait RankEvents: Send + Sync + 'static {
     fn exited(&self, rank: u32, exit: ExitKind);
 }
 
-/// What is common to every rank of a node.
-pub struct Launch<'a> {
+/// The command every rank of a node runs: program, arguments, working directory and the job's
+/// variables (a rank's own variables come with its [`RankSpec`]).
+pub struct RankCommand<'a> {
     pub program: &'a Path,
     pub args: &'a [String],
     pub cwd: &'a Path,
@@ -47,7 +48,7 @@ pub struct RankProc {
 /// Start one rank and its reader and waiter threads. Must be called from the thread that lives
 /// for the whole job (PDEATHSIG follows the forking thread).
 pub fn spawn_rank(
-    l: &Launch<'_>,
+    l: &RankCommand<'_>,
     rank: &RankSpec,
     extra_env: &[(String, String)],
     events: Arc<dyn RankEvents>,
