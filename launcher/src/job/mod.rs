@@ -1,17 +1,19 @@
 //! A railrun job from start to end: placement, the bootstrap store, local ranks, one agent per
 //! remote node, output, and the lifecycle rules (first failure ends the job everywhere,
 //! signals, `--timeout`, no survivors). This file is the job's state machine; beside it:
-//! [`agents`] (starting and hearing remote agents), [`launch`] (the rank environment and
+//! [`agent_command`] (how a remote node's agent is started), [`agents`] (connecting to the
+//! agents and hearing them), [`launch`] (the rank environment and
 //! starting the ranks), [`program`] (finding executables), [`stdin`] (rank 0's stdin) and
 //! [`bindings`] (`--report-bindings`).
 
+mod agent_command;
 mod agents;
 mod bindings;
 mod launch;
 mod program;
 mod stdin;
 
-pub use agents::{agent_argv, choose_agent_launcher, slurm_nodelist_set, AgentLauncher};
+pub use agent_command::{agent_argv, choose_agent_launcher, slurm_nodelist_set, AgentLauncher};
 pub use bindings::report_bindings;
 pub use program::{find_in_path, resolve_program};
 
