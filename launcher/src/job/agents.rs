@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// The last lines the remote shell (ssh or srun) wrote on stderr, for error messages; once the
 /// agent is up, each line is also forwarded to railrun's stderr.
 #[derive(Default)]
-pub(super) struct StderrLog {
+struct StderrLog {
     lines: VecDeque<String>,
     forward: bool,
     done: bool,
