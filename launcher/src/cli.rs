@@ -35,23 +35,8 @@ pub enum DryRun {
     Json,
 }
 
-/// `--bind-to`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BindTo {
-    None,
-    Numa,
-    Core,
-}
-
-impl BindTo {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            BindTo::None => "none",
-            BindTo::Numa => "numa",
-            BindTo::Core => "core",
-        }
-    }
-}
+/// `--bind-to`: the runtime's binding mode, passed to ranks as `RAILRING_BIND_TO`.
+pub use railring::topology::BindTo;
 
 /// One `-x`: forward `name` (value: None) or set it (Some).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,14 +166,7 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         return Ok(Command::Topo(args[1..].to_vec()));
     }
     if args.first().map(String::as_str) == Some("--agent") {
-        let mut verbose = 0u8;
-        for a in &args[1..] {
-            match a.as_str() {
-                "-v" | "--verbose" => verbose = verbose.saturating_add(1),
-                _ => return err(format!("--agent: unexpected argument `{a}`")),
-            }
-        }
-        return Ok(Command::Agent { verbose });
+        return parse_agent(&args[1..]);
     }
     let mut o = RunOpts::default();
     let mut i = 0;
@@ -312,6 +290,18 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         return err("the program name is empty");
     }
     Ok(Command::Run(Box::new(o)))
+}
+
+/// `railrun --agent [-v]...`: the arguments after `--agent`.
+fn parse_agent(args: &[String]) -> Result<Command, CliError> {
+    let mut verbose = 0u8;
+    for a in args {
+        match a.as_str() {
+            "-v" | "--verbose" => verbose = verbose.saturating_add(1),
+            _ => return err(format!("--agent: unexpected argument `{a}`")),
+        }
+    }
+    Ok(Command::Agent { verbose })
 }
 
 /// Split a command string (`--ssh`, `RAILRUN_SSH`, railcompare's pass-through arguments) into

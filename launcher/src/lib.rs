@@ -1,11 +1,13 @@
 //! railrun: the launcher library (CLI, host sources, placement, spawn, agent, store server).
-pub mod hosts;
+pub mod host_source;
 pub mod placement;
 pub mod topo_cmd;
 
 pub mod agent;
 pub mod cli;
 pub mod job;
+pub mod node_ranks;
 pub mod proto;
+pub mod signals;
 pub mod spawn;
 pub mod stdio;

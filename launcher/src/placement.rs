@@ -1,4 +1,6 @@
-//! Rank placement: which host each rank runs on, and its node/local ranks.
+//! Rank placement: which host each rank runs on, and its node/local ranks (one concern: the
+//! mapping rules, their errors and the `--dry-run` renderings of the result; the tests are most
+//! of the file's length).
 //!
 //! Rules (Open MPI's documented mapping, plus Hydra's `-ppn`):
 //!
@@ -24,7 +26,7 @@ use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
 
-use crate::hosts::{HostEntry, HostSource};
+use crate::host_source::{HostEntry, HostSource};
 
 /// Most ranks one job may have.
 pub const MAX_RANKS: usize = 1_000_000;
@@ -306,154 +308,191 @@ fn round_robin(
 /// Place ranks on hosts. See the module docs for the rules.
 pub fn place(src: &HostSource, req: &PlacementRequest) -> Result<Placement, PlacementError> {
     let hosts = &src.hosts;
-    let nh = hosts.len();
-    if nh == 0 {
+    if hosts.is_empty() {
         return Err(PlacementError::NoHosts);
     }
     if req.np == Some(0) {
         return Err(PlacementError::ZeroRanks);
     }
     let allow_over = req.oversubscribe || src.is_implicit();
-
-    // Host index of every rank, in rank order.
-    let assign: Vec<usize> = if let Some(ppn) = req.ppn {
-        if ppn == 0 {
-            return Err(PlacementError::ZeroPpn);
-        }
-        if req.map_by != MapBy::Slot {
-            return Err(PlacementError::Conflict(format!(
-                "--ppn {ppn} cannot be combined with --map-by {}; use one of them",
-                req.map_by
-            )));
-        }
-        let np = check_np(req.np.unwrap_or(ppn.saturating_mul(nh)))?;
-        let assign: Vec<usize> = (0..np).map(|r| (r / ppn) % nh).collect();
-        let mut counts = vec![0usize; nh];
-        for &h in &assign {
-            counts[h] += 1;
-        }
-        for (h, &c) in hosts.iter().zip(&counts) {
-            if let Some(m) = h.max_slots {
-                if c > m {
-                    return Err(PlacementError::HostMaxSlots {
-                        host: h.name.clone(),
-                        count: c,
-                        max_slots: m,
-                        how: format!("--ppn {ppn}, -np {np}"),
-                    });
-                }
-            }
-        }
-        assign
+    let assign = if let Some(ppn) = req.ppn {
+        assign_ppn(hosts, req, ppn)?
     } else if let MapBy::PprNode(per) = req.map_by {
-        let max = per.saturating_mul(nh);
-        let np = req.np.unwrap_or(max);
-        if np > max {
-            return Err(PlacementError::PprTooManyRanks {
-                requested: np,
-                per_node: per,
-                nhosts: nh,
-                max,
-            });
-        }
-        let np = check_np(np)?;
-        for (i, h) in hosts.iter().enumerate() {
-            let count = per.min(np.saturating_sub(i.saturating_mul(per)));
-            if count == 0 {
-                break;
-            }
-            if let Some(m) = h.max_slots {
-                if count > m {
-                    return Err(PlacementError::HostMaxSlots {
-                        host: h.name.clone(),
-                        count,
-                        max_slots: m,
-                        how: format!("--map-by ppr:{per}:node"),
-                    });
-                }
-            }
-            if count > h.slots && !allow_over {
-                return Err(PlacementError::PprExceedsSlots {
+        assign_ppr(hosts, req.np, per, allow_over)?
+    } else {
+        assign_slots(src, req, allow_over)?
+    };
+    Ok(number_ranks(hosts, &assign))
+}
+
+/// `--ppn N`: N consecutive ranks per host, wrapping around; only `max_slots` limits it.
+/// Returns the host index of every rank, in rank order.
+fn assign_ppn(
+    hosts: &[HostEntry],
+    req: &PlacementRequest,
+    ppn: usize,
+) -> Result<Vec<usize>, PlacementError> {
+    let nh = hosts.len();
+    if ppn == 0 {
+        return Err(PlacementError::ZeroPpn);
+    }
+    if req.map_by != MapBy::Slot {
+        return Err(PlacementError::Conflict(format!(
+            "--ppn {ppn} cannot be combined with --map-by {}; use one of them",
+            req.map_by
+        )));
+    }
+    let np = check_np(req.np.unwrap_or(ppn.saturating_mul(nh)))?;
+    let assign: Vec<usize> = (0..np).map(|r| (r / ppn) % nh).collect();
+    let mut counts = vec![0usize; nh];
+    for &h in &assign {
+        counts[h] += 1;
+    }
+    for (h, &c) in hosts.iter().zip(&counts) {
+        if let Some(m) = h.max_slots {
+            if c > m {
+                return Err(PlacementError::HostMaxSlots {
                     host: h.name.clone(),
-                    per_node: per,
-                    count,
-                    slots: h.slots,
+                    count: c,
+                    max_slots: m,
+                    how: format!("--ppn {ppn}, -np {np}"),
                 });
             }
         }
-        (0..np).map(|r| r / per).collect()
-    } else {
-        let total = src.total_slots();
-        let np = check_np(req.np.unwrap_or(total))?;
-        if np > total && !allow_over {
-            return Err(PlacementError::NotEnoughSlots {
+    }
+    Ok(assign)
+}
+
+/// `--map-by ppr:N:node`: N consecutive ranks per host, at most N × hosts ranks.
+/// Returns the host index of every rank, in rank order.
+fn assign_ppr(
+    hosts: &[HostEntry],
+    np: Option<usize>,
+    per: usize,
+    allow_over: bool,
+) -> Result<Vec<usize>, PlacementError> {
+    let nh = hosts.len();
+    let max = per.saturating_mul(nh);
+    let np = np.unwrap_or(max);
+    if np > max {
+        return Err(PlacementError::PprTooManyRanks {
+            requested: np,
+            per_node: per,
+            nhosts: nh,
+            max,
+        });
+    }
+    let np = check_np(np)?;
+    for (i, h) in hosts.iter().enumerate() {
+        let count = per.min(np.saturating_sub(i.saturating_mul(per)));
+        if count == 0 {
+            break;
+        }
+        if let Some(m) = h.max_slots {
+            if count > m {
+                return Err(PlacementError::HostMaxSlots {
+                    host: h.name.clone(),
+                    count,
+                    max_slots: m,
+                    how: format!("--map-by ppr:{per}:node"),
+                });
+            }
+        }
+        if count > h.slots && !allow_over {
+            return Err(PlacementError::PprExceedsSlots {
+                host: h.name.clone(),
+                per_node: per,
+                count,
+                slots: h.slots,
+            });
+        }
+    }
+    Ok((0..np).map(|r| r / per).collect())
+}
+
+/// `--map-by slot` / `node`: fill the slots (host by host, or round-robin), then oversubscribe
+/// round-robin up to `max_slots`. Returns the host index of every rank, in rank order.
+fn assign_slots(
+    src: &HostSource,
+    req: &PlacementRequest,
+    allow_over: bool,
+) -> Result<Vec<usize>, PlacementError> {
+    let hosts = &src.hosts;
+    let nh = hosts.len();
+    let total = src.total_slots();
+    let np = check_np(req.np.unwrap_or(total))?;
+    if np > total && !allow_over {
+        return Err(PlacementError::NotEnoughSlots {
+            requested: np,
+            available: total,
+            nhosts: nh,
+            summary: summary(hosts),
+        });
+    }
+    // Hard capacity: sum of max_slots, unbounded if any host has none.
+    if hosts.iter().all(|h| h.max_slots.is_some()) {
+        let cap = hosts
+            .iter()
+            .fold(0usize, |a, h| a.saturating_add(h.max_slots.unwrap_or(0)));
+        if np > cap {
+            return Err(PlacementError::MaxSlotsExceeded {
                 requested: np,
-                available: total,
+                max: cap,
                 nhosts: nh,
                 summary: summary(hosts),
             });
         }
-        // Hard capacity: sum of max_slots, unbounded if any host has none.
-        if hosts.iter().all(|h| h.max_slots.is_some()) {
-            let cap = hosts
-                .iter()
-                .fold(0usize, |a, h| a.saturating_add(h.max_slots.unwrap_or(0)));
-            if np > cap {
-                return Err(PlacementError::MaxSlotsExceeded {
-                    requested: np,
-                    max: cap,
-                    nhosts: nh,
-                    summary: summary(hosts),
-                });
-            }
-        }
-        let mut counts = vec![0usize; nh];
-        let mut order = Vec::with_capacity(np);
-        let mut remaining = np;
-        // Phase 1: within slots.
-        match req.map_by {
-            MapBy::Node => round_robin(
-                (0..nh).collect(),
-                &mut counts,
-                |h| Some(hosts[h].slots),
-                &mut remaining,
-                &mut order,
-            ),
-            _ => {
-                for (h, e) in hosts.iter().enumerate() {
-                    let c = e.slots.min(remaining);
-                    counts[h] = c;
-                    remaining -= c;
-                    if remaining == 0 {
-                        break;
-                    }
+    }
+    let mut counts = vec![0usize; nh];
+    let mut order = Vec::with_capacity(np);
+    let mut remaining = np;
+    // Phase 1: within slots.
+    match req.map_by {
+        MapBy::Node => round_robin(
+            (0..nh).collect(),
+            &mut counts,
+            |h| Some(hosts[h].slots),
+            &mut remaining,
+            &mut order,
+        ),
+        _ => {
+            for (h, e) in hosts.iter().enumerate() {
+                let c = e.slots.min(remaining);
+                counts[h] = c;
+                remaining -= c;
+                if remaining == 0 {
+                    break;
                 }
             }
         }
-        // Phase 2: oversubscription, round-robin up to max_slots.
-        round_robin(
-            (0..nh).collect(),
-            &mut counts,
-            |h| hosts[h].max_slots,
-            &mut remaining,
-            &mut order,
-        );
-        debug_assert_eq!(remaining, 0, "capacity was checked above");
-        match req.map_by {
-            MapBy::Node => order,
-            _ => counts
-                .iter()
-                .enumerate()
-                .flat_map(|(h, &c)| (0..c).map(move |_| h))
-                .collect(),
-        }
-    };
+    }
+    // Phase 2: oversubscription, round-robin up to max_slots.
+    round_robin(
+        (0..nh).collect(),
+        &mut counts,
+        |h| hosts[h].max_slots,
+        &mut remaining,
+        &mut order,
+    );
+    debug_assert_eq!(remaining, 0, "capacity was checked above");
+    Ok(match req.map_by {
+        MapBy::Node => order,
+        _ => counts
+            .iter()
+            .enumerate()
+            .flat_map(|(h, &c)| (0..c).map(move |_| h))
+            .collect(),
+    })
+}
 
-    // Node ranks by first appearance, local ranks by order within a host.
+/// The placement of ranks whose host indices are `assign`: node ranks by first appearance,
+/// local ranks by order within a host.
+fn number_ranks(hosts: &[HostEntry], assign: &[usize]) -> Placement {
+    let nh = hosts.len();
     let mut node_of = vec![usize::MAX; nh];
     let mut local_count = vec![0usize; nh];
     let mut node_hosts = Vec::new();
-    for &h in &assign {
+    for &h in assign {
         if node_of[h] == usize::MAX {
             node_of[h] = node_hosts.len();
             node_hosts.push(hosts[h].name.clone());
@@ -477,16 +516,16 @@ pub fn place(src: &HostSource, req: &PlacementRequest) -> Result<Placement, Plac
             }
         })
         .collect();
-    Ok(Placement {
+    Placement {
         ranks,
         hosts: node_hosts,
-    })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hosts::{parse_host_arg, parse_hostfile_str, SourceKind};
+    use crate::host_source::{parse_host_arg, parse_hostfile_str, SourceKind};
 
     fn src(text: &str) -> HostSource {
         HostSource::new(
@@ -848,7 +887,7 @@ mod tests {
     fn large_placement_is_linear() {
         // 1000 hosts x 1000 slots, map-by node over a million ranks.
         let hosts = (0..1000)
-            .map(|i| crate::hosts::HostEntry::new(format!("n{i}"), 1000))
+            .map(|i| crate::host_source::HostEntry::new(format!("n{i}"), 1000))
             .collect();
         let s = HostSource::new(hosts, SourceKind::HostArg);
         let p = place_ok_fast(&s, &req(None, MapBy::Node));

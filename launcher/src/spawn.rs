@@ -1,5 +1,5 @@
-//! Starting and watching rank processes on this machine: used by the launcher for local ranks
-//! and by the agent for the ranks of its node.
+//! Starting and watching one rank process on this machine, and the process-tree rules around
+//! it ([`crate::node_ranks`] starts a node's ranks with this).
 //!
 //! Every rank starts in its own session and process group (`setsid`), with
 //! `PR_SET_PDEATHSIG = SIGKILL`, so it dies when the thread that forked it (the job's spawning
@@ -7,10 +7,10 @@
 
 use crate::proto::{ExitKind, RankSpec, Stream};
 use crate::stdio::for_each_line;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +27,9 @@ pub trait RankEvents: Send + Sync + 'static {
     fn exited(&self, rank: u32, exit: ExitKind);
 }
 
-/// What is common to every rank of a node.
-pub struct Launch<'a> {
+/// The command every rank of a node runs: program, arguments, working directory and the job's
+/// variables (a rank's own variables come with its [`RankSpec`]).
+pub struct RankCommand<'a> {
     pub program: &'a Path,
     pub args: &'a [String],
     pub cwd: &'a Path,
@@ -47,11 +48,27 @@ pub struct RankProc {
 /// Start one rank and its reader and waiter threads. Must be called from the thread that lives
 /// for the whole job (PDEATHSIG follows the forking thread).
 pub fn spawn_rank(
-    l: &Launch<'_>,
+    l: &RankCommand<'_>,
     rank: &RankSpec,
     extra_env: &[(String, String)],
     events: Arc<dyn RankEvents>,
 ) -> io::Result<RankProc> {
+    let mut child = rank_process(l, rank, extra_env).spawn()?;
+    let pid = child.id();
+    let r = rank.rank;
+    let stdin = child.stdin.take();
+    watch(child, r, events)?;
+    Ok(RankProc {
+        rank: r,
+        pid,
+        stdin,
+    })
+}
+
+/// The rank's command: the node's command line, the job's variables, then the rank's own, then
+/// `extra_env`; stdout and stderr piped, stdin piped for rank 0 only; its own session, killed
+/// with its parent.
+fn rank_process(l: &RankCommand<'_>, rank: &RankSpec, extra_env: &[(String, String)]) -> Command {
     let mut cmd = Command::new(l.program);
     cmd.args(l.args).current_dir(l.cwd);
     for (k, v) in l.env.iter().chain(rank.env.iter()).chain(extra_env.iter()) {
@@ -88,41 +105,47 @@ pub fn spawn_rank(
             Ok(())
         });
     }
-    let mut child = cmd.spawn()?;
-    let pid = child.id();
-    let r = rank.rank;
+    cmd
+}
+
+/// One thread per output pipe, forwarding lines to `events`, and one waiting for the rank's
+/// end, which is reported once its output is drained (at most [`DRAIN_AFTER_EXIT`] later).
+fn watch(mut child: Child, r: u32, events: Arc<dyn RankEvents>) -> io::Result<()> {
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut readers = 0;
-    if let Some(out) = child.stdout.take() {
+    for (pipe, stream, name) in [
+        (
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            Stream::Stdout,
+            "out",
+        ),
+        (
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            Stream::Stderr,
+            "err",
+        ),
+    ] {
+        let Some(pipe) = pipe else { continue };
         readers += 1;
         let ev = events.clone();
         let tx = done_tx.clone();
         std::thread::Builder::new()
-            .name(format!("rr-out-{r}"))
+            .name(format!("rr-{name}-{r}"))
             .spawn(move || {
-                for_each_line(out, |line| {
-                    ev.output(r, Stream::Stdout, line);
-                    true
-                });
-                let _ = tx.send(());
-            })?;
-    }
-    if let Some(err) = child.stderr.take() {
-        readers += 1;
-        let ev = events.clone();
-        let tx = done_tx.clone();
-        std::thread::Builder::new()
-            .name(format!("rr-err-{r}"))
-            .spawn(move || {
-                for_each_line(err, |line| {
-                    ev.output(r, Stream::Stderr, line);
+                for_each_line(pipe, |line| {
+                    ev.output(r, stream, line);
                     true
                 });
                 let _ = tx.send(());
             })?;
     }
     drop(done_tx);
-    let stdin = child.stdin.take();
     std::thread::Builder::new()
         .name(format!("rr-wait-{r}"))
         .spawn(move || {
@@ -139,11 +162,7 @@ pub fn spawn_rank(
             }
             events.exited(r, exit);
         })?;
-    Ok(RankProc {
-        rank: r,
-        pid,
-        stdin,
-    })
+    Ok(())
 }
 
 /// Send `sig` to the process group of the rank whose leader is `pid`.

@@ -14,7 +14,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use railring::topology::{render, BindOptions, Binding, Topology};
+use railring::topology::{render, BindOptions, Topology};
+use railring::vars;
 
 const USAGE: &str = "usage: railrun topo [--topo-file FILE] [--svg FILE] [--json] [--local-size N] [--bind-to none|numa|core]
 
@@ -85,12 +86,12 @@ pub fn load(
     topo_file: Option<&Path>,
     bind_to: Option<&str>,
 ) -> Result<(Topology, BindOptions), String> {
-    let env_bind = std::env::var("RAILRING_BIND_TO").ok();
+    let env_bind = std::env::var(vars::BIND_TO).ok();
     let bind = bind_to.or(env_bind.as_deref());
     match topo_file {
         Some(f) => {
             let topo = Topology::from_file(f).map_err(|e| e.to_string())?;
-            let map = std::env::var("RAILRING_NIC_MAP").ok();
+            let map = std::env::var(vars::NIC_MAP).ok();
             let opts = BindOptions::from_values(bind, map.as_deref(), None, None)
                 .map_err(|e| e.to_string())?;
             Ok((topo, opts))
@@ -170,37 +171,6 @@ fn run_to(args: &[String], out: &mut dyn Write) -> Result<i32, String> {
     Ok(0)
 }
 
-/// One `--report-bindings` line: `rank 3 host node1 (local 3): GPU3
-/// 0000:20:1d.0, NIC1 efa1 (PIX, 100000 Mb/s), CPUs 0-23, NUMA 0`.
-pub fn format_binding_line(rank: usize, host: &str, topo: &Topology, b: &Binding) -> String {
-    format!(
-        "rank {rank} host {host} (local {}): {}",
-        b.local_rank,
-        render::binding_summary(topo, b)
-    )
-}
-
-/// `--report-bindings` for the ranks placed on `host`: `global_ranks[i]` is
-/// the global rank of local rank `i`. The topology is this node's (or
-/// `topo_file`, e.g. one per host class), with this node's environment.
-/// Returns one line per rank.
-pub fn report_bindings_for(
-    host: &str,
-    global_ranks: &[usize],
-    topo_file: Option<&Path>,
-    bind_to: Option<&str>,
-) -> Result<Vec<String>, String> {
-    let (topo, opts) = load(topo_file, bind_to)?;
-    let bindings = topo
-        .bindings(global_ranks.len(), &opts)
-        .map_err(|e| e.to_string())?;
-    Ok(global_ranks
-        .iter()
-        .zip(&bindings)
-        .map(|(&g, b)| format_binding_line(g, host, &topo, b))
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,15 +235,18 @@ mod tests {
         let _ = std::fs::remove_file(&svg);
         assert!(pic.starts_with("<svg") && pic.ends_with("</svg>\n"));
 
-        let lines =
-            report_bindings_for("nodeA", &[8, 9], Some(Path::new(P4D)), Some("none")).unwrap();
-        assert_eq!(lines.len(), 2);
+        let mut out = Vec::new();
+        run_to(
+            &s(&["--topo-file", P4D, "--local-size", "2", "--bind-to", "none"]),
+            &mut out,
+        )
+        .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("bind-to none\n"), "{text}");
         assert!(
-            lines[1].starts_with("rank 9 host nodeA (local 1): GPU1 0000:10:1d.0, NIC0"),
-            "{}",
-            lines[1]
+            text.contains("local rank 1: GPU1 0000:10:1d.0, NIC0 0000:10:1b.0 (PIX, 126031 Mb/s), CPUs unbound, NUMA 0\n"),
+            "{text}"
         );
-        assert!(lines[1].contains("CPUs unbound"), "{}", lines[1]);
     }
 
     #[test]

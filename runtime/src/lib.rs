@@ -13,6 +13,7 @@ pub mod machine;
 pub mod store;
 pub mod topology;
 pub mod transport;
+pub mod vars;
 
 /// Collectives on device memory (feature `cuda`).
 #[cfg(feature = "cuda")]

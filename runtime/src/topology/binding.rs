@@ -40,6 +40,7 @@ use super::model::{DeviceId, Topology};
 use super::paths::PathClass;
 use super::util::{format_cpulist, intersect};
 use super::TopoError;
+use crate::vars;
 
 /// Most local ranks a binding is computed for.
 pub const MAX_LOCAL_SIZE: usize = 4096;
@@ -73,13 +74,20 @@ impl FromStr for BindTo {
     }
 }
 
-impl fmt::Display for BindTo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl BindTo {
+    /// `none`, `numa` or `core`: the `--bind-to` / `RAILRING_BIND_TO` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
             BindTo::None => "none",
             BindTo::Numa => "numa",
             BindTo::Core => "core",
-        })
+        }
+    }
+}
+
+impl fmt::Display for BindTo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -214,8 +222,8 @@ impl BindOptions {
             }
         };
         BindOptions::from_values(
-            get("RAILRING_BIND_TO")?.as_deref(),
-            get("RAILRING_NIC_MAP")?.as_deref(),
+            get(vars::BIND_TO)?.as_deref(),
+            get(vars::NIC_MAP)?.as_deref(),
             get("CUDA_VISIBLE_DEVICES")?.as_deref(),
             process_allowed_cpus().ok(),
         )
@@ -552,7 +560,8 @@ impl Topology {
                     users[n].push(r);
                 }
                 p.why_nic = format!(
-                    "NIC from RAILRING_NIC_MAP: {}",
+                    "NIC from {}: {}",
+                    vars::NIC_MAP,
                     chosen
                         .iter()
                         .map(|&n| format!("{} ({})", self.nics[n].name, self.class_from(p.src, n)))

@@ -86,7 +86,10 @@ pub enum TopoError {
     },
     #[error("sysfs {path}: {msg}")]
     Sysfs { path: String, msg: String },
-    #[error("RAILRING_NIC_MAP {input:?}: {msg}; expected RANKS:NIC[+NIC...] entries separated by ';' or ','")]
+    #[error(
+        "{} {input:?}: {msg}; expected RANKS:NIC[+NIC...] entries separated by ';' or ','",
+        crate::vars::NIC_MAP
+    )]
     NicMap { input: String, msg: String },
     #[error("bind-to {found:?}: expected none, numa or core")]
     BindTo { found: String },
@@ -158,7 +161,7 @@ impl Topology {
     /// This node's topology: the file named by `RAILRING_TOPO_FILE` when set
     /// (non-empty), else live sysfs.
     pub fn discover() -> Result<Topology, TopoError> {
-        let file = std::env::var_os("RAILRING_TOPO_FILE").filter(|v| !v.is_empty());
+        let file = std::env::var_os(crate::vars::TOPO_FILE).filter(|v| !v.is_empty());
         Topology::discover_from(file.as_deref().map(Path::new))
     }
 

@@ -1,5 +1,7 @@
 //! Renderings of a topology and its bindings: an `nvidia-smi topo -m`
 //! style matrix, plain-text bindings, JSON, and a hand-written SVG picture.
+//! Every text form of a [`Binding`] is written here: [`binding_summary`]
+//! (`railrun topo`, the SVG) and [`binding_report`] (`railrun --report-bindings`).
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -163,14 +165,48 @@ pub fn binding_summary(topo: &Topology, b: &Binding) -> String {
             .collect::<Vec<_>>()
             .join(" + ")
     };
-    let cpus = if b.cpus.is_empty() {
-        "CPUs unbound".to_string()
-    } else {
-        format!("CPUs {}", format_cpulist(&b.cpus))
-    };
+    let cpus = cpus_text(b);
     let numa = b.numa.map_or("NUMA ?".to_string(), |n| format!("NUMA {n}"));
     let _ = topo;
     format!("{gpu}, {nics}, {cpus}, {numa}")
+}
+
+/// `railrun --report-bindings`' account of one binding, reason included:
+/// `GPU 0 (cuda 0, 0000:10:1c.0) | NIC efa0 (PIX) | CPUs 0-23 (NUMA 0) | <reason>`.
+pub fn binding_report(b: &Binding) -> String {
+    let gpu = match &b.gpu {
+        Some(g) => format!(
+            "GPU {} (cuda {}{})",
+            g.index,
+            g.cuda_ordinal,
+            g.busid
+                .as_deref()
+                .map(|s| format!(", {s}"))
+                .unwrap_or_default()
+        ),
+        None => "no GPU".into(),
+    };
+    let nics = if b.nics.is_empty() {
+        "no NIC".to_string()
+    } else {
+        b.nics
+            .iter()
+            .map(|n| format!("{} ({})", n.name, n.path_class))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let cpus = cpus_text(b);
+    let numa = b.numa.map(|n| format!(" (NUMA {n})")).unwrap_or_default();
+    format!("{gpu} | NIC {nics} | {cpus}{numa} | {}", b.reason)
+}
+
+/// `CPUs 0-23,48-71`, or `CPUs unbound` when the binding leaves affinity alone.
+fn cpus_text(b: &Binding) -> String {
+    if b.cpus.is_empty() {
+        "CPUs unbound".to_string()
+    } else {
+        format!("CPUs {}", format_cpulist(&b.cpus))
+    }
 }
 
 #[derive(Serialize)]
@@ -599,4 +635,85 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::{GpuRef, NicRef};
+
+    fn binding(gpu: bool, nics: usize, cpus: Vec<usize>, numa: Option<usize>) -> Binding {
+        Binding {
+            local_rank: 1,
+            gpu: gpu.then(|| GpuRef {
+                index: 3,
+                cuda_ordinal: 1,
+                busid: Some("0000:20:1d.0".into()),
+            }),
+            nics: (0..nics)
+                .map(|i| NicRef {
+                    index: i,
+                    name: format!("mlx5_{i}"),
+                    netdev: if i == 0 {
+                        "ib0".into()
+                    } else {
+                        format!("mlx5_{i}")
+                    },
+                    path_class: if i == 0 {
+                        PathClass::Pix
+                    } else {
+                        PathClass::Phb
+                    },
+                    speed_mbps: (i == 0).then_some(100_000),
+                })
+                .collect(),
+            cpus,
+            numa,
+            reason: "because".into(),
+        }
+    }
+
+    fn empty_topology() -> Topology {
+        Topology {
+            source: "test".into(),
+            numa_nodes: Vec::new(),
+            pci: Vec::new(),
+            gpus: Vec::new(),
+            nics: Vec::new(),
+            cores: Vec::new(),
+            nvlinks: BTreeMap::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn summary_for_railrun_topo() {
+        let t = empty_topology();
+        assert_eq!(
+            binding_summary(&t, &binding(true, 2, vec![0, 1, 2, 5], Some(0))),
+            "GPU3 0000:20:1d.0, NIC0 mlx5_0 [ib0] (PIX, 100000 Mb/s) + NIC1 mlx5_1 (PHB), CPUs 0-2,5, NUMA 0"
+        );
+        assert_eq!(
+            binding_summary(&t, &binding(false, 0, vec![], None)),
+            "no GPU, no NIC, CPUs unbound, NUMA ?"
+        );
+    }
+
+    #[test]
+    fn report_for_railrun_report_bindings() {
+        assert_eq!(
+            binding_report(&binding(true, 2, vec![0, 1, 2, 5], Some(0))),
+            "GPU 3 (cuda 1, 0000:20:1d.0) | NIC mlx5_0 (PIX), mlx5_1 (PHB) | CPUs 0-2,5 (NUMA 0) | because"
+        );
+        let mut b = binding(true, 1, vec![4], Some(1));
+        b.gpu.as_mut().unwrap().busid = None;
+        assert_eq!(
+            binding_report(&b),
+            "GPU 3 (cuda 1) | NIC mlx5_0 (PIX) | CPUs 4 (NUMA 1) | because"
+        );
+        assert_eq!(
+            binding_report(&binding(false, 0, vec![], None)),
+            "no GPU | NIC no NIC | CPUs unbound | because"
+        );
+    }
 }
