@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::topology::PathClass;
+use crate::vars;
 use railring_collectives::plan::Algo;
 use std::time::Duration;
 
@@ -90,7 +91,7 @@ fn parse_num(name: &str, default: u64, min: u64, max: u64) -> Result<u64> {
 
 /// The `tracing` filter `RAILRING_DEBUG` and `RAILRING_DEBUG_SUBSYS` ask for.
 fn log_filter() -> String {
-    let level = var("RAILRING_DEBUG")
+    let level = var(vars::DEBUG)
         .unwrap_or_else(|| "WARN".into())
         .to_ascii_lowercase();
     let level = match level.as_str() {
@@ -100,7 +101,7 @@ fn log_filter() -> String {
         "error" => "error",
         _ => "warn",
     };
-    match var("RAILRING_DEBUG_SUBSYS") {
+    match var(vars::DEBUG_SUBSYS) {
         Some(s) => s
             .split(',')
             .map(|x| format!("railring::{}={level}", x.trim().to_ascii_lowercase()))
@@ -115,17 +116,17 @@ fn cost_model() -> Result<railring_collectives::cost::CostModel> {
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let local = var("RAILRING_LOCAL_SIZE")
+    let local = var(vars::LOCAL_SIZE)
         .and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(1);
     if local > cpus {
         // measured here: an in-node flag round costs a few context switches (~5-20 us)
         let _ = m.set("local_alpha", 20e-6);
     }
-    if let Some(v) = var("RAILRING_COST") {
+    if let Some(v) = var(vars::COST) {
         for item in v.split(',').map(str::trim).filter(|x| !x.is_empty()) {
             let bad = |why: String| Error::Env {
-                var: "RAILRING_COST".into(),
+                var: vars::COST.into(),
                 value: v.clone(),
                 why,
             };
@@ -157,39 +158,34 @@ pub fn parse_size(s: &str) -> Option<u64> {
 
 impl Config {
     pub fn from_env() -> Result<Config> {
-        let algo = match var("RAILRING_ALGO") {
+        let algo = match var(vars::ALGO) {
             None => None,
             Some(v) => Some(Algo::parse(&v).ok_or_else(|| Error::Env {
-                var: "RAILRING_ALGO".into(),
+                var: vars::ALGO.into(),
                 value: v.clone(),
                 why: "expected two_level, ring, recursive_doubling or tree".into(),
             })?),
         };
         Ok(Config {
-            timeout: Duration::from_secs(parse_num("RAILRING_TIMEOUT", 600, 1, 365 * 86400)?),
+            timeout: Duration::from_secs(parse_num(vars::TIMEOUT, 600, 1, 365 * 86400)?),
             algo,
-            socket_ifname: var("RAILRING_SOCKET_IFNAME"),
-            shm_slot: parse_num("RAILRING_SHM_SLOT", 1 << 20, 4096, 1 << 30)? as usize,
-            net_chunk: parse_num("RAILRING_NET_CHUNK", 512 << 10, 4096, 1 << 30)? as usize,
-            net_streams: parse_num("RAILRING_NET_STREAMS", 1, 1, MAX_STREAMS as u64)? as usize,
-            connect_timeout: Duration::from_secs(parse_num(
-                "RAILRING_CONNECT_TIMEOUT",
-                30,
-                1,
-                3600,
-            )?),
-            pipeline_seg: parse_num("RAILRING_PIPELINE_SEG", 4 << 20, 0, 1 << 40)? as usize,
+            socket_ifname: var(vars::SOCKET_IFNAME),
+            shm_slot: parse_num(vars::SHM_SLOT, 1 << 20, 4096, 1 << 30)? as usize,
+            net_chunk: parse_num(vars::NET_CHUNK, 512 << 10, 4096, 1 << 30)? as usize,
+            net_streams: parse_num(vars::NET_STREAMS, 1, 1, MAX_STREAMS as u64)? as usize,
+            connect_timeout: Duration::from_secs(parse_num(vars::CONNECT_TIMEOUT, 30, 1, 3600)?),
+            pipeline_seg: parse_num(vars::PIPELINE_SEG, 4 << 20, 0, 1 << 40)? as usize,
             cost: cost_model()?,
             gdr_level: {
-                let v = var("RAILRING_NET_GDR_LEVEL");
+                let v = var(vars::NET_GDR_LEVEL);
                 parse_gdr_level(v.as_deref()).map_err(|why| Error::Env {
-                    var: "RAILRING_NET_GDR_LEVEL".into(),
+                    var: vars::NET_GDR_LEVEL.into(),
                     value: v.unwrap_or_default(),
                     why,
                 })?
             },
             log_filter: log_filter(),
-            host_id: var("RAILRING_HOST_ID")
+            host_id: var(vars::HOST_ID)
                 .map(|v| {
                     v.chars()
                         .filter(|c| c.is_ascii_graphic())

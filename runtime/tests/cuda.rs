@@ -4,8 +4,8 @@
 #![cfg(feature = "cuda")]
 
 use railring::bootstrap::Rendezvous;
-use railring::store::{self, Store, StoreClient};
 use railring::config::Config;
+use railring::store::{self, Store, StoreClient};
 use railring::transport::cuda::ipc::{self, GpuPeer, IpcHandle, Verdict};
 use railring::transport::cuda::kernels::{self, HalfImpl};
 use railring::transport::cuda::{context, driver_present, require_driver};

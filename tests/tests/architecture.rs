@@ -260,7 +260,11 @@ fn collectives_do_no_io() {
     for (m, p) in modules(&root().join("collectives/src")) {
         let c = code(&p);
         for f in forbidden {
-            assert!(!c.contains(f), "collectives::{m} ({}) uses {f}", p.display());
+            assert!(
+                !c.contains(f),
+                "collectives::{m} ({}) uses {f}",
+                p.display()
+            );
         }
     }
 }

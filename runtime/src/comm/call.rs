@@ -111,7 +111,6 @@ impl Inner {
         }
     }
 
-
     /// Run `f` unless an earlier failure poisoned the communicator; a failure (other than a
     /// rejected argument) poisons it.
     pub(super) fn guarded<R>(g: &mut Inner, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
@@ -194,7 +193,13 @@ impl Inner {
 
     /// The algorithm for a call: forced by `RAILRING_ALGO`, else the cost model's choice. The
     /// choice is cached per (kind, count, element size, root): pricing builds every rank's plan.
-    pub(super) fn choose(&mut self, kind: CollKind, count: usize, esz: usize, root: usize) -> (Algo, String) {
+    pub(super) fn choose(
+        &mut self,
+        kind: CollKind,
+        count: usize,
+        esz: usize,
+        root: usize,
+    ) -> (Algo, String) {
         if let Some((a, why)) = self.choices.get(&(kind, count, esz, root)) {
             return (*a, why.clone());
         }
@@ -241,10 +246,19 @@ impl Inner {
                 "one node: in-node shared-memory fabric".into(),
             );
         }
-        self.world.cfg.cost.choose(kind, &self.layout, count, esz, root)
+        self.world
+            .cfg
+            .cost
+            .choose(kind, &self.layout, count, esz, root)
     }
 
-    pub(super) fn plan(&mut self, kind: CollKind, algo: Algo, count: usize, root: usize) -> Result<Arc<Plan>> {
+    pub(super) fn plan(
+        &mut self,
+        kind: CollKind,
+        algo: Algo,
+        count: usize,
+        root: usize,
+    ) -> Result<Arc<Plan>> {
         let key = (kind, algo, count, root);
         if let Some(p) = self.plans.get(&key) {
             return Ok(p.clone());
@@ -377,7 +391,12 @@ impl Inner {
         Ok(())
     }
 
-    pub(super) fn all_reduce(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub(super) fn all_reduce(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         self.all_reduce_from(buf, None, dtype, op)
     }
 
@@ -394,14 +413,24 @@ impl Inner {
                 "all_reduce: input and output lengths differ".into(),
             ));
         }
-        self.exec_from(Shape::new(CollKind::AllReduce, dtype, op, count, 0), buf, &[], src)?;
+        self.exec_from(
+            Shape::new(CollKind::AllReduce, dtype, op, count, 0),
+            buf,
+            &[],
+            src,
+        )?;
         if op == ReduceOp::Avg {
             kernels::finish_avg(dtype, buf, self.size);
         }
         Ok(())
     }
 
-    pub(super) fn reduce_scatter(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub(super) fn reduce_scatter(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         let esz = dtype.size();
         if !buf.len().is_multiple_of(esz * self.size) {
             return Err(Error::Invalid(format!(
@@ -411,7 +440,11 @@ impl Inner {
             )));
         }
         let count = buf.len() / esz / self.size;
-        self.exec(Shape::new(CollKind::ReduceScatter, dtype, op, count, 0), buf, &[])?;
+        self.exec(
+            Shape::new(CollKind::ReduceScatter, dtype, op, count, 0),
+            buf,
+            &[],
+        )?;
         if op == ReduceOp::Avg {
             let b = count * esz;
             kernels::finish_avg(
@@ -433,38 +466,75 @@ impl Inner {
             )));
         }
         let count = buf.len() / esz / self.size;
-        self.exec(Shape::new(CollKind::AllGather, dtype, ReduceOp::Sum, count, 0), buf, &[])
+        self.exec(
+            Shape::new(CollKind::AllGather, dtype, ReduceOp::Sum, count, 0),
+            buf,
+            &[],
+        )
     }
 
     pub(super) fn broadcast(&mut self, buf: &mut [u8], dtype: DataType, root: usize) -> Result<()> {
         self.check_root(root)?;
         let count = buf.len() / dtype.size();
-        self.exec(Shape::new(CollKind::Broadcast, dtype, ReduceOp::Sum, count, root), buf, &[])
+        self.exec(
+            Shape::new(CollKind::Broadcast, dtype, ReduceOp::Sum, count, root),
+            buf,
+            &[],
+        )
     }
 
-    pub(super) fn reduce(&mut self, buf: &mut [u8], dtype: DataType, op: ReduceOp, root: usize) -> Result<()> {
+    pub(super) fn reduce(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.check_root(root)?;
         let count = buf.len() / dtype.size();
-        self.exec(Shape::new(CollKind::Reduce, dtype, op, count, root), buf, &[])?;
+        self.exec(
+            Shape::new(CollKind::Reduce, dtype, op, count, root),
+            buf,
+            &[],
+        )?;
         if op == ReduceOp::Avg && self.rank == root {
             kernels::finish_avg(dtype, buf, self.size);
         }
         Ok(())
     }
 
-    pub(super) fn all_to_all(&mut self, input: &[u8], output: &mut [u8], dtype: DataType) -> Result<()> {
+    pub(super) fn all_to_all(
+        &mut self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+    ) -> Result<()> {
         let count = input.len() / dtype.size() / self.size;
         if self.size == 1 {
             output.copy_from_slice(input);
-            self.next_desc(Shape::new(CollKind::AllToAll, dtype, ReduceOp::Sum, count, 0));
+            self.next_desc(Shape::new(
+                CollKind::AllToAll,
+                dtype,
+                ReduceOp::Sum,
+                count,
+                0,
+            ));
             return Ok(());
         }
-        self.exec(Shape::new(CollKind::AllToAll, dtype, ReduceOp::Sum, count, 0), output, input)
+        self.exec(
+            Shape::new(CollKind::AllToAll, dtype, ReduceOp::Sum, count, 0),
+            output,
+            input,
+        )
     }
 
     pub(super) fn barrier(&mut self) -> Result<()> {
         let mut b = [0u8; 1];
-        self.exec(Shape::new(CollKind::Barrier, DataType::U8, ReduceOp::Max, 1, 0), &mut b, &[])
+        self.exec(
+            Shape::new(CollKind::Barrier, DataType::U8, ReduceOp::Max, 1, 0),
+            &mut b,
+            &[],
+        )
     }
 
     pub(super) fn p2p(

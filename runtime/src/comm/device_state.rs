@@ -334,7 +334,8 @@ fn run_all_reduce(
                     .and_then(|p| p.split_for_device());
                 match split {
                     Some(split) => {
-                        let desc = g.next_desc(Shape::new(CollKind::AllReduce, dtype, op, count, 0));
+                        let desc =
+                            g.next_desc(Shape::new(CollKind::AllReduce, dtype, op, count, 0));
                         let fabric: &mut (dyn NodeFabric + 'static) = &mut **fab;
                         // SAFETY: `ptr` is device memory of `bytes` bytes on the fabric's device
                         // (checked by the caller); `pre`/`post` hold only in-node steps, which the
@@ -451,7 +452,8 @@ fn run_all_reduce(
                     .filter(|s| s.pre.steps.is_empty() && s.post.steps.is_empty());
                 match (split, st.gdr.as_mut()) {
                     (Some(split), Some(mem)) => {
-                        let desc = g.next_desc(Shape::new(CollKind::AllReduce, dtype, op, count, 0));
+                        let desc =
+                            g.next_desc(Shape::new(CollKind::AllReduce, dtype, op, count, 0));
                         // SAFETY: as for the network steps above.
                         unsafe {
                             run_net_on_device(g, mem, &split.net, &desc, op, ptr as *mut u8, bytes)?

@@ -60,7 +60,6 @@ struct Shared {
     nnodes: usize,
 }
 
-
 impl Communicator {
     pub fn rank(&self) -> usize {
         self.sh.rank
@@ -351,4 +350,3 @@ impl Communicator {
         self.blocking(|g| g.split(color, key))
     }
 }
-

@@ -46,7 +46,11 @@ impl Communicator {
         k
     }
 
-    pub(super) fn run<R>(sh: &Shared, ticket: u64, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
+    pub(super) fn run<R>(
+        sh: &Shared,
+        ticket: u64,
+        f: impl FnOnce(&mut Inner) -> Result<R>,
+    ) -> Result<R> {
         {
             let mut t = sh.turn.lock().unwrap_or_else(|e| e.into_inner());
             while t.1 != ticket {

@@ -11,6 +11,7 @@ use crate::machine;
 use crate::transport::links::LinkTable;
 use crate::transport::shm::{segment_path, Geometry, Node, ShmFabric};
 use crate::transport::tcp::{discover_rails, TcpNet};
+use crate::vars;
 use railring_collectives::plan::Layout;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -114,7 +115,7 @@ impl Communicator {
             server,
         } = rv;
         let rails = discover_rails(cfg.socket_ifname.as_deref()).map_err(|e| Error::Env {
-            var: "RAILRING_SOCKET_IFNAME".into(),
+            var: vars::SOCKET_IFNAME.into(),
             value: cfg.socket_ifname.clone().unwrap_or_default(),
             why: e.to_string(),
         })?;
@@ -482,12 +483,15 @@ impl Inner {
             store.wait(&keys, self.world.cfg.timeout)?;
             let mut all = Vec::new();
             for k in &keys {
-                all.push(String::from_utf8_lossy(&store.get(k, self.world.cfg.timeout)?).into_owned());
+                all.push(
+                    String::from_utf8_lossy(&store.get(k, self.world.cfg.timeout)?).into_owned(),
+                );
             }
             store.set(&format!("{base}/all"), all.join(";").as_bytes())?;
         }
-        let all = String::from_utf8_lossy(&store.get(&format!("{base}/all"), self.world.cfg.timeout)?)
-            .into_owned();
+        let all =
+            String::from_utf8_lossy(&store.get(&format!("{base}/all"), self.world.cfg.timeout)?)
+                .into_owned();
         let mut entries = Vec::new();
         for (r, e) in all.split(';').enumerate() {
             let (c, k) = e

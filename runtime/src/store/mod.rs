@@ -7,13 +7,13 @@
 pub mod auth;
 pub mod wire;
 
-use wire::{Request, Response};
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+use wire::{Request, Response};
 
 /// Anything that answers store requests.
 pub trait Backend: Send + Sync + 'static {

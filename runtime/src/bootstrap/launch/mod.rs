@@ -22,9 +22,9 @@ pub mod mpirun;
 pub mod railrun;
 pub mod secret;
 pub mod slurm;
-pub mod torchrun;
 #[cfg(test)]
 mod testenv;
+pub mod torchrun;
 
 use crate::error::{Error, Result};
 
@@ -185,7 +185,6 @@ pub(crate) fn check_host(var: &str, v: &str) -> Result<String> {
     }
     Ok(h.to_string())
 }
-
 
 /// `host:port`, with brackets around IPv6 literals.
 pub fn host_port(host: &str, port: u16) -> String {

@@ -3,9 +3,10 @@
 //! away, and the world size it announces.
 
 use super::{get, Env};
+use crate::vars;
 
 /// Environment variables that say "this process was started by an MPI launcher".
-pub const MPI_LAUNCH_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMIX_RANK"];
+pub const MPI_LAUNCH_VARS: [&str; 3] = [vars::OMPI_COMM_WORLD_SIZE, "PMI_RANK", "PMIX_RANK"];
 
 /// The MPI launcher variable that is set, when the process was started by one and not by
 /// railrun (`RAILRING_STORE_ADDR` wins: railrun sets Open MPI's names too).
@@ -16,13 +17,13 @@ pub const MPI_LAUNCH_VARS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI
 /// every rank. `mpirun` inside an allocation sets `OMPI_COMM_WORLD_SIZE` and stays MPI's.
 pub fn launcher_of(env: Env) -> Option<&'static str> {
     let var = |n: &str| get(env, n);
-    if var("RAILRING_STORE_ADDR").is_some() {
+    if var(vars::STORE_ADDR).is_some() {
         return None;
     }
     let found = MPI_LAUNCH_VARS.into_iter().find(|v| var(v).is_some())?;
     let slurm_step = var("SLURM_PROCID").is_some()
         && (var("SLURM_STEP_ID").is_some() || var("SLURM_STEPID").is_some());
-    if slurm_step && var("OMPI_COMM_WORLD_SIZE").is_none() {
+    if slurm_step && var(vars::OMPI_COMM_WORLD_SIZE).is_none() {
         let tasks = var("SLURM_STEP_NUM_TASKS").or_else(|| var("SLURM_NTASKS"));
         let mpi_size = var("PMI_SIZE").or_else(|| var("PMIX_SIZE"));
         match (tasks, mpi_size) {
@@ -36,7 +37,7 @@ pub fn launcher_of(env: Env) -> Option<&'static str> {
 
 /// The world size the launcher announced, if it says: the variable and its value.
 pub fn world_size(env: Env) -> Option<(&'static str, usize)> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"]
+    [vars::OMPI_COMM_WORLD_SIZE, "PMI_SIZE", "PMIX_SIZE"]
         .into_iter()
         .find_map(|v| Some((v, get(env, v)?.trim().parse::<usize>().ok()?)))
 }

@@ -3,30 +3,31 @@
 
 use super::{clean_id, env_err, get, Env, Launch};
 use crate::error::Result;
+use crate::vars;
 
 /// `Some` when `RAILRING_STORE_ADDR` is set: then `RAILRING_RANK`, `RAILRING_WORLD_SIZE` and
 /// `RAILRING_JOB_SECRET` must be too (`RAILRING_JOB_ID` is optional).
 pub fn railrun(env: Env) -> Result<Option<Launch>> {
-    let Some(store_addr) = get(env, "RAILRING_STORE_ADDR") else {
+    let Some(store_addr) = get(env, vars::STORE_ADDR) else {
         return Ok(None);
     };
-    let rank = required(env, "RAILRING_RANK")?;
-    let size = required(env, "RAILRING_WORLD_SIZE")?;
+    let rank = required(env, vars::RANK)?;
+    let size = required(env, vars::WORLD_SIZE)?;
     if size == 0 || rank >= size {
         return Err(env_err(
-            "RAILRING_RANK",
+            vars::RANK,
             &rank.to_string(),
             format!("must be below RAILRING_WORLD_SIZE={size}"),
         ));
     }
-    let secret = get(env, "RAILRING_JOB_SECRET").ok_or_else(|| {
+    let secret = get(env, vars::JOB_SECRET).ok_or_else(|| {
         env_err(
-            "RAILRING_JOB_SECRET",
+            vars::JOB_SECRET,
             "",
             "must be set when RAILRING_STORE_ADDR is",
         )
     })?;
-    let job_id = clean_id(&get(env, "RAILRING_JOB_ID").unwrap_or_else(|| "job".into()));
+    let job_id = clean_id(&get(env, vars::JOB_ID).unwrap_or_else(|| "job".into()));
     Ok(Some(Launch::Store {
         rank,
         size,

@@ -17,6 +17,7 @@
 
 use super::{env_err, get, Env};
 use crate::error::Result;
+use crate::vars;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::MetadataExt;
@@ -101,8 +102,8 @@ fn read_key_file(var: &str, path: &Path) -> Result<Vec<u8>> {
 /// The key file to use, if any: `RAILRING_JOB_SECRET_FILE`, else `$HOME/.railring/secret` when
 /// it exists. Returns the variable to blame in errors along with the path.
 fn key_file(env: Env) -> Option<(&'static str, PathBuf)> {
-    if let Some(p) = get(env, "RAILRING_JOB_SECRET_FILE") {
-        return Some(("RAILRING_JOB_SECRET_FILE", PathBuf::from(p)));
+    if let Some(p) = get(env, vars::JOB_SECRET_FILE) {
+        return Some((vars::JOB_SECRET_FILE, PathBuf::from(p)));
     }
     let home = get(env, "HOME")?;
     let p = Path::new(&home).join(DEFAULT_KEY_FILE);
@@ -113,7 +114,7 @@ fn key_file(env: Env) -> Option<(&'static str, PathBuf)> {
 /// The job secret: explicit, from the key file, or guessable (with a warning).
 /// `identity` names the job (same on every task); `what` describes it for the warning.
 pub(crate) fn secret(env: Env, identity: &[u8], what: &str) -> Result<(String, Option<String>)> {
-    if let Some(s) = get(env, "RAILRING_JOB_SECRET") {
+    if let Some(s) = get(env, vars::JOB_SECRET) {
         return Ok((s.trim().to_string(), None));
     }
     if let Some((var, path)) = key_file(env) {
@@ -135,10 +136,10 @@ pub(crate) fn secret(env: Env, identity: &[u8], what: &str) -> Result<(String, O
 
 #[cfg(test)]
 mod tests {
-    use super::super::testenv::*;
-    use super::*;
     use super::super::slurm::slurm;
+    use super::super::testenv::*;
     use super::super::torchrun::torchrun;
+    use super::*;
     use std::os::unix::fs::PermissionsExt;
 
     fn tmpdir(tag: &str) -> PathBuf {

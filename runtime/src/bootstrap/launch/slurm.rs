@@ -23,6 +23,7 @@ use super::secret::secret;
 use super::{check_host, clean_id, env_err, get, host_port, parse_port, parse_u64, required_u64};
 use super::{Detected, Env, Launch};
 use crate::error::Result;
+use crate::vars;
 
 /// First port of the range derived for Slurm steps.
 pub const SLURM_PORT_BASE: u16 = 20000;
@@ -85,8 +86,8 @@ pub fn slurm(env: Env) -> Result<Option<Detected>> {
         "needed for the store port and the job secret",
     )?;
 
-    let explicit_host = match get(env, "RAILRING_STORE_HOST") {
-        Some(h) => Some(check_host("RAILRING_STORE_HOST", &h)?),
+    let explicit_host = match get(env, vars::STORE_HOST) {
+        Some(h) => Some(check_host(vars::STORE_HOST, &h)?),
         None => None,
     };
     let host = match explicit_host {
@@ -130,7 +131,7 @@ pub fn slurm(env: Env) -> Result<Option<Detected>> {
             check_host(var, &first)?
         }
     };
-    let port = match parse_port(env, "RAILRING_STORE_PORT")? {
+    let port = match parse_port(env, vars::STORE_PORT)? {
         Some(p) => p,
         None => slurm_port(job, step_id),
     };

@@ -17,6 +17,7 @@ use super::secret::{secret, sha_hex};
 use super::{check_host, env_err, get, host_port, parse_port, parse_u64, required_u64};
 use super::{Detected, Env, Launch};
 use crate::error::Result;
+use crate::vars;
 
 fn truthy(v: Option<String>) -> bool {
     matches!(
@@ -30,25 +31,25 @@ fn truthy(v: Option<String>) -> bool {
 /// torchrun-style variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`)? Then the
 /// launch they describe.
 pub fn torchrun(env: Env) -> Result<Option<Detected>> {
-    if get(env, "RANK").is_none() && get(env, "WORLD_SIZE").is_none() {
+    if get(env, vars::TORCHRUN_RANK).is_none() && get(env, vars::TORCHRUN_WORLD_SIZE).is_none() {
         return Ok(None);
     }
     let why = "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT go together (torchrun-style launch)";
-    let rank = required_u64(env, "RANK", (1 << 24) - 1, why)?;
-    let size = required_u64(env, "WORLD_SIZE", 1 << 24, why)?;
+    let rank = required_u64(env, vars::TORCHRUN_RANK, (1 << 24) - 1, why)?;
+    let size = required_u64(env, vars::TORCHRUN_WORLD_SIZE, 1 << 24, why)?;
     if size == 0 || rank >= size {
         return Err(env_err(
-            "RANK",
+            vars::TORCHRUN_RANK,
             &rank.to_string(),
             format!("must be below WORLD_SIZE={size}"),
         ));
     }
-    let local_rank = parse_u64(env, "LOCAL_RANK", (1 << 24) - 1)?;
-    let local_size = parse_u64(env, "LOCAL_WORLD_SIZE", 1 << 24)?;
+    let local_rank = parse_u64(env, vars::TORCHRUN_LOCAL_RANK, (1 << 24) - 1)?;
+    let local_size = parse_u64(env, vars::TORCHRUN_LOCAL_WORLD_SIZE, 1 << 24)?;
     if let Some(ls) = local_size {
         if ls == 0 || ls > size {
             return Err(env_err(
-                "LOCAL_WORLD_SIZE",
+                vars::TORCHRUN_LOCAL_WORLD_SIZE,
                 &ls.to_string(),
                 format!("must be between 1 and WORLD_SIZE={size}"),
             ));
@@ -56,23 +57,23 @@ pub fn torchrun(env: Env) -> Result<Option<Detected>> {
         if let Some(lr) = local_rank {
             if lr >= ls {
                 return Err(env_err(
-                    "LOCAL_RANK",
+                    vars::TORCHRUN_LOCAL_RANK,
                     &lr.to_string(),
                     format!("must be below LOCAL_WORLD_SIZE={ls}"),
                 ));
             }
         }
     }
-    let addr_raw = get(env, "MASTER_ADDR")
-        .ok_or_else(|| env_err("MASTER_ADDR", "", format!("not set ({why})")))?;
-    let addr = check_host("MASTER_ADDR", &addr_raw)?;
-    let master_port = parse_port(env, "MASTER_PORT")?
-        .ok_or_else(|| env_err("MASTER_PORT", "", format!("not set ({why})")))?;
-    let port = match parse_port(env, "RAILRING_STORE_PORT")? {
+    let addr_raw = get(env, vars::MASTER_ADDR)
+        .ok_or_else(|| env_err(vars::MASTER_ADDR, "", format!("not set ({why})")))?;
+    let addr = check_host(vars::MASTER_ADDR, &addr_raw)?;
+    let master_port = parse_port(env, vars::MASTER_PORT)?
+        .ok_or_else(|| env_err(vars::MASTER_PORT, "", format!("not set ({why})")))?;
+    let port = match parse_port(env, vars::STORE_PORT)? {
         Some(p) => p,
         None if truthy(env("TORCHELASTIC_USE_AGENT_STORE")) => master_port.checked_add(1).ok_or_else(|| {
             env_err(
-                "MASTER_PORT",
+                vars::MASTER_PORT,
                 &master_port.to_string(),
                 "torchrun's agent store holds MASTER_PORT and railring would use MASTER_PORT+1, which is not a port; set RAILRING_STORE_PORT",
             )
@@ -105,7 +106,7 @@ pub fn torchrun(env: Env) -> Result<Option<Detected>> {
 /// was started by torchrun (`TORCHELASTIC_RUN_ID`) or `RANK`/`WORLD_SIZE` disagree with the
 /// Slurm step (a launcher inside the step re-ranked its children).
 pub(crate) fn inside_slurm(env: Env) -> bool {
-    if get(env, "RANK").is_none() && get(env, "WORLD_SIZE").is_none() {
+    if get(env, vars::TORCHRUN_RANK).is_none() && get(env, vars::TORCHRUN_WORLD_SIZE).is_none() {
         return false;
     }
     if get(env, "TORCHELASTIC_RUN_ID").is_some() {
@@ -113,7 +114,7 @@ pub(crate) fn inside_slurm(env: Env) -> bool {
     }
     let t = |n: &str| get(env, n).map(|v| v.trim().to_string());
     let slurm_size = t("SLURM_STEP_NUM_TASKS").or_else(|| t("SLURM_NTASKS"));
-    t("RANK") != t("SLURM_PROCID") || t("WORLD_SIZE") != slurm_size
+    t(vars::TORCHRUN_RANK) != t("SLURM_PROCID") || t(vars::TORCHRUN_WORLD_SIZE) != slurm_size
 }
 
 #[cfg(test)]
