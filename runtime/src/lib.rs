@@ -1,8 +1,8 @@
 //! railring: collective communication for every machine.
 //!
-//! Modules, bottom up (each imports only the ones above it in this list; see ARCHITECTURE.md):
-//! [`error`], [`machine`], [`hostlist`], [`store`] → [`config`] → [`topology`] → [`bootstrap`] →
-//! [`transport`] → [`executor`] → [`comm`].
+//! Modules, bottom up (each imports only modules left of it; see ARCHITECTURE.md and
+//! `tests/tests/architecture.rs`): [`vars`], [`machine`], [`hostlist`], [`store`] → [`error`] →
+//! [`topology`] → [`config`] → [`bootstrap`] → [`transport`] → [`executor`] → [`comm`].
 pub mod bootstrap;
 pub mod comm;
 pub mod config;

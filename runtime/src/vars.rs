@@ -6,9 +6,9 @@
 // ------------------------------------------------------------------ set by railrun for every rank
 
 /// This rank's number in the job, `0..RAILRING_WORLD_SIZE`. Set by railrun (per rank); read by
-/// `config::launch_from_env`.
+/// `bootstrap::launch`.
 pub const RANK: &str = "RAILRING_RANK";
-/// Ranks in the job. Set by railrun (job-wide); read by `config::launch_from_env`.
+/// Ranks in the job. Set by railrun (job-wide); read by `bootstrap::launch`.
 pub const WORLD_SIZE: &str = "RAILRING_WORLD_SIZE";
 /// This rank's index among its node's ranks. Set by railrun (per rank); for the program (the
 /// runtime learns local ranks from the gathered world).
@@ -21,42 +21,42 @@ pub const NODE_RANK: &str = "RAILRING_NODE_RANK";
 /// Nodes in the job. Set by railrun (job-wide); for the program.
 pub const NNODES: &str = "RAILRING_NNODES";
 /// A short id naming the job (it names the node's shared-memory segment). Set by railrun
-/// (job-wide); read by `config::launch_from_env`.
+/// (job-wide); read by `bootstrap::launch`.
 pub const JOB_ID: &str = "RAILRING_JOB_ID";
 /// `host:port` of the bootstrap store: railrun's store for its own node's ranks, the agent's
 /// relay on a remote node. Set by railrun or its agent (per node); its presence is how
-/// `config::launch_from_env` and `bootstrap::mpi` know railrun started the process.
+/// `bootstrap::launch` knows railrun started the process.
 pub const STORE_ADDR: &str = "RAILRING_STORE_ADDR";
 /// The job secret both ends of every store and data connection prove. Set by railrun or its
-/// agent (per node); read by `config::launch_from_env`, and by `bootstrap::launch_env` when set
+/// agent (per node); read by `bootstrap::launch`, and by `bootstrap::launch` when set
 /// by hand for srun / torchrun-style starts.
 pub const JOB_SECRET: &str = "RAILRING_JOB_SECRET";
 /// CPU binding mode: `none`, `numa` or `core`. Set by railrun from `--bind-to` (only when given);
 /// read by `topology::BindOptions::from_env` and `railrun topo`.
 pub const BIND_TO: &str = "RAILRING_BIND_TO";
 
-/// torchrun's name for [`RANK`]. Set by railrun (per rank); read by `bootstrap::launch_env`
+/// torchrun's name for [`RANK`]. Set by railrun (per rank); read by `bootstrap::launch`
 /// when the process was not started by railrun.
 pub const TORCHRUN_RANK: &str = "RANK";
 /// torchrun's name for [`WORLD_SIZE`]. Set by railrun (job-wide); read by
-/// `bootstrap::launch_env` when the process was not started by railrun.
+/// `bootstrap::launch` when the process was not started by railrun.
 pub const TORCHRUN_WORLD_SIZE: &str = "WORLD_SIZE";
 /// torchrun's name for [`LOCAL_RANK`]. Set by railrun (per rank); checked by
-/// `bootstrap::launch_env` when present.
+/// `bootstrap::launch` when present.
 pub const TORCHRUN_LOCAL_RANK: &str = "LOCAL_RANK";
 /// torchrun's name for [`LOCAL_SIZE`]. Set by railrun (per rank); checked by
-/// `bootstrap::launch_env` when present.
+/// `bootstrap::launch` when present.
 pub const TORCHRUN_LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
 /// Host of node 0 (torchrun's rendezvous address). Set by railrun (job-wide); read by
-/// `bootstrap::launch_env` when the process was not started by railrun.
+/// `bootstrap::launch` when the process was not started by railrun.
 pub const MASTER_ADDR: &str = "MASTER_ADDR";
-/// A port that was free on node 0. Set by railrun (job-wide); read by `bootstrap::launch_env`
+/// A port that was free on node 0. Set by railrun (job-wide); read by `bootstrap::launch`
 /// when the process was not started by railrun.
 pub const MASTER_PORT: &str = "MASTER_PORT";
 
 /// Open MPI's name for [`RANK`]. Set by railrun (per rank), for programs written for mpirun.
 pub const OMPI_COMM_WORLD_RANK: &str = "OMPI_COMM_WORLD_RANK";
-/// Open MPI's name for [`WORLD_SIZE`]. Set by railrun (job-wide); `bootstrap::mpi` reads it to
+/// Open MPI's name for [`WORLD_SIZE`]. Set by railrun (job-wide); `bootstrap::launch` reads it to
 /// tell an mpirun start (where railrun's [`STORE_ADDR`] wins).
 pub const OMPI_COMM_WORLD_SIZE: &str = "OMPI_COMM_WORLD_SIZE";
 /// Open MPI's name for [`LOCAL_RANK`]. Set by railrun (per rank), for programs.
@@ -68,8 +68,7 @@ pub const OMPI_COMM_WORLD_LOCAL_SIZE: &str = "OMPI_COMM_WORLD_LOCAL_SIZE";
 
 /// Seconds without progress before a collective fails. Set by the user; read by `config`.
 pub const TIMEOUT: &str = "RAILRING_TIMEOUT";
-/// Seconds to reach the bootstrap store and data-plane peers. Set by the user; read by `config`
-/// and `bootstrap::mpi`.
+/// Seconds to reach the bootstrap store and data-plane peers. Set by the user; read by `config`.
 pub const CONNECT_TIMEOUT: &str = "RAILRING_CONNECT_TIMEOUT";
 /// Force an algorithm (`two_level`, `ring`, `recursive_doubling`, `tree`). Set by the user; read
 /// by `config`.
@@ -91,12 +90,12 @@ pub const PIPELINE_SEG: &str = "RAILRING_PIPELINE_SEG";
 /// Farthest GPU–NIC path class for GPUDirect RDMA (NCCL's `NCCL_NET_GDR_LEVEL` grammar). Set by
 /// the user; read by `config`.
 pub const NET_GDR_LEVEL: &str = "RAILRING_NET_GDR_LEVEL";
-/// Log level (`WARN`, `INFO`, `DEBUG`, `TRACE`). Set by the user; read by `comm` at start-up.
+/// Log level (`WARN`, `INFO`, `DEBUG`, `TRACE`). Set by the user; read by `config`.
 pub const DEBUG: &str = "RAILRING_DEBUG";
-/// Subsystems to log (`init,tune,topo,net,bootstrap`). Set by the user; read by `comm`.
+/// Subsystems to log (`init,tune,topo,net,bootstrap`). Set by the user; read by `config`.
 pub const DEBUG_SUBSYS: &str = "RAILRING_DEBUG_SUBSYS";
 /// Overrides the host identity, so ranks with different values form different nodes. Set by
-/// the user (tests split one machine with it); read by `host`.
+/// the user (tests split one machine with it); read by `config` (see `machine::host_id`).
 pub const HOST_ID: &str = "RAILRING_HOST_ID";
 /// `ib`, `socket` or `auto`: the network between nodes. Set by the user; read by
 /// `transport::rdma` (feature `rdma`).
@@ -115,12 +114,12 @@ pub const TOPO_FILE: &str = "RAILRING_TOPO_FILE";
 /// and `railrun topo`.
 pub const NIC_MAP: &str = "RAILRING_NIC_MAP";
 /// The per-user key file srun / torchrun-style starts derive the job secret from. Set by the
-/// user; read by `bootstrap::launch_env`.
+/// user; read by `bootstrap::launch`.
 pub const JOB_SECRET_FILE: &str = "RAILRING_JOB_SECRET_FILE";
 /// Where rank 0 serves the bootstrap store under srun / torchrun-style starts. Set by the user;
-/// read by `bootstrap::launch_env`.
+/// read by `bootstrap::launch`.
 pub const STORE_HOST: &str = "RAILRING_STORE_HOST";
-/// The port of that store. Set by the user; read by `bootstrap::launch_env`.
+/// The port of that store. Set by the user; read by `bootstrap::launch`.
 pub const STORE_PORT: &str = "RAILRING_STORE_PORT";
 
 #[cfg(test)]
