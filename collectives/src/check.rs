@@ -107,7 +107,8 @@ pub fn check(
     root: usize,
     plans: &[Plan],
 ) -> Result<(), CheckError> {
-    let n = crate::build::validate_layout(layout).map_err(|e| CheckError::Input(e.to_string()))?;
+    let n =
+        crate::builder::validate_layout(layout).map_err(|e| CheckError::Input(e.to_string()))?;
     if plans.len() != n {
         return Err(CheckError::Input(format!(
             "{} plans for {n} ranks",

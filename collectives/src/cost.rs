@@ -20,7 +20,8 @@
 //! The numbers are fields; the runtime may override them (e.g. from environment variables, via
 //! [`CostModel::set`]). Forcing an algorithm is the runtime's job (RAILRING_ALGO).
 
-use crate::build::{algorithms_for, build_plan, validate_layout};
+use crate::build::{algorithms_for, build_plan};
+use crate::builder::{validate_layout, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Step, Xfer};
 use std::collections::{HashMap, VecDeque};
 
@@ -286,7 +287,7 @@ impl CostModel {
         count: usize,
         dtype_size: usize,
         root: usize,
-    ) -> Result<f64, crate::build::PlanError> {
+    ) -> Result<f64, PlanError> {
         let n = validate_layout(layout)?;
         if n <= SIMULATE_MAX_RANKS {
             let plans = (0..n)
