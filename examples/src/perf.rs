@@ -240,6 +240,16 @@ impl Options {
     }
 }
 
+/// What one call does: the collective, the element type, the operator (ignored unless the
+/// collective reduces) and the root (ignored unless it is rooted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub coll: Coll,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: usize,
+}
+
 /// What a benchmark needs from a communication library. Buffers are bytes plus a dtype.
 pub trait Backend {
     fn name(&self) -> String;
@@ -247,29 +257,17 @@ pub trait Backend {
     fn size(&self) -> usize;
     /// One call. Out-of-place when `input` is `Some` (its length depends on the collective; see
     /// [`Layout`]), in-place otherwise.
-    fn call(
-        &self,
-        c: Coll,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        input: Option<&[u8]>,
-        output: &mut [u8],
-    ) -> Result<(), String>;
+    fn call(&self, call: &Call, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), String>;
     /// `iters` calls back to back (non-blocking implementations may overlap them).
-    #[allow(clippy::too_many_arguments)]
     fn calls(
         &self,
         iters: usize,
-        c: Coll,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
+        call: &Call,
         input: Option<&[u8]>,
         output: &mut [u8],
     ) -> Result<(), String> {
         for _ in 0..iters {
-            self.call(c, dtype, op, root, input, output)?;
+            self.call(call, input, output)?;
         }
         Ok(())
     }
@@ -404,20 +402,15 @@ fn bytes(v: &mut [u64], n: usize) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, n) }
 }
 
-/// Set up buffers for a run. For in-place runs the input is placed inside the output buffer
-/// the way each in-place collective expects it.
-#[allow(clippy::too_many_arguments)]
-fn prepare(
-    c: Coll,
-    l: &Layout,
-    dtype: DataType,
-    op: ReduceOp,
-    me: usize,
-    n: usize,
-    root: usize,
-    b: &mut Buffers,
-    inplace: bool,
-) {
+/// Set up buffers for a run of rank `me`. For in-place runs the input is placed inside the
+/// output buffer the way each in-place collective expects it.
+fn prepare(call: &Call, l: &Layout, me: usize, b: &mut Buffers, inplace: bool) {
+    let Call {
+        coll: c,
+        dtype,
+        op,
+        root,
+    } = *call;
     let t = dtype.size();
     let (inb, outb) = (l.in_bytes, l.out_bytes);
     let input = bytes(&mut b.input, inb);
@@ -440,22 +433,16 @@ fn prepare(
             _ => output[..inb].copy_from_slice(&inp_copy),
         }
     }
-    let _ = n;
 }
 
-/// Count wrong elements of this rank's result.
-#[allow(clippy::too_many_arguments)]
-fn check(
-    c: Coll,
-    l: &Layout,
-    dtype: DataType,
-    op: ReduceOp,
-    me: usize,
-    n: usize,
-    root: usize,
-    out: &[u8],
-    table: &[u8],
-) -> u64 {
+/// Count wrong elements of rank `me`'s result (of `n` ranks).
+fn check(call: &Call, l: &Layout, me: usize, n: usize, out: &[u8], table: &[u8]) -> u64 {
+    let Call {
+        coll: c,
+        dtype,
+        op,
+        root,
+    } = *call;
     let t = dtype.size();
     let mut wrong = 0u64;
     let mut e = vec![0u8; t];
@@ -541,25 +528,24 @@ pub struct Row {
 }
 
 /// Time one variant (out-of-place or in-place) of one size; returns (time in µs, wrong).
-#[allow(clippy::too_many_arguments)]
+/// `table` is the reference period of reduced values (`reduced_period`).
 pub fn measure(
     be: &dyn Backend,
     o: &Options,
-    c: Coll,
-    dtype: DataType,
-    op: ReduceOp,
+    call: &Call,
     size: u64,
     inplace: bool,
     table: &[u8],
 ) -> Result<(f64, u64), String> {
     let n = be.size();
     let me = be.rank();
+    let Call { coll: c, dtype, .. } = *call;
     let l = layout(c, size, dtype, n);
     let mut b = Buffers {
         input: vec![0u64; l.in_bytes.div_ceil(8)],
         output: vec![0u64; l.out_bytes.div_ceil(8)],
     };
-    prepare(c, &l, dtype, op, me, n, o.root, &mut b, inplace);
+    prepare(call, &l, me, &mut b, inplace);
     let in_bytes = l.in_bytes;
     let out_bytes = l.out_bytes;
     let input_copy: Vec<u64> = b.input.clone();
@@ -573,11 +559,11 @@ pub fn measure(
         };
         if o.blocking {
             for _ in 0..iters {
-                be.call(c, dtype, op, o.root, inp, ob)?;
+                be.call(call, inp, ob)?;
             }
             Ok(())
         } else {
-            be.calls(iters, c, dtype, op, o.root, inp, ob)
+            be.calls(iters, call, inp, ob)
         }
     };
     let mut out = b.output.clone();
@@ -599,24 +585,17 @@ pub fn measure(
             input: vec![0u64; in_bytes.div_ceil(8)],
             output: vec![0u64; out_bytes.div_ceil(8)],
         };
-        prepare(c, &l, dtype, op, me, n, o.root, &mut b2, inplace);
+        prepare(call, &l, me, &mut b2, inplace);
         let inp: Vec<u8> = bytes(&mut b2.input, in_bytes).to_vec();
         let ob = bytes(&mut b2.output, out_bytes);
-        be.call(
-            c,
-            dtype,
-            op,
-            o.root,
-            if inplace { None } else { Some(&inp) },
-            ob,
-        )?;
+        be.call(call, if inplace { None } else { Some(&inp) }, ob)?;
         let res: &[u8] = match (c, inplace) {
             (Coll::ReduceScatter, true) => {
                 &ob[me * l.count * dtype.size()..(me + 1) * l.count * dtype.size()]
             }
             _ => ob,
         };
-        wrong = check(c, &l, dtype, op, me, n, o.root, res, table);
+        wrong = check(call, &l, me, n, res, table);
         wrong = be.reduce_f64(wrong as f64, ReduceOp::Sum)? as u64;
     }
     Ok((us, wrong))
@@ -685,8 +664,14 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
             };
             for &size in &o.sizes() {
                 let l = layout(c, size, dtype, n);
-                let (t_oop, w_oop) = measure(be, o, c, dtype, op, size, false, &table)?;
-                let (t_ip, w_ip) = measure(be, o, c, dtype, op, size, true, &table)?;
+                let call = Call {
+                    coll: c,
+                    dtype,
+                    op,
+                    root: o.root,
+                };
+                let (t_oop, w_oop) = measure(be, o, &call, size, false, &table)?;
+                let (t_ip, w_ip) = measure(be, o, &call, size, true, &table)?;
                 let sz = l.size_bytes as f64;
                 let alg = |t: f64| if t > 0.0 { sz / t / 1e3 } else { 0.0 };
                 let f = c.bus_factor(n);
@@ -798,15 +783,13 @@ impl Backend for Railring {
     fn size(&self) -> usize {
         self.comm.size()
     }
-    fn call(
-        &self,
-        c: Coll,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        input: Option<&[u8]>,
-        out: &mut [u8],
-    ) -> Result<(), String> {
+    fn call(&self, call: &Call, input: Option<&[u8]>, out: &mut [u8]) -> Result<(), String> {
+        let Call {
+            coll: c,
+            dtype,
+            op,
+            root,
+        } = *call;
         let n = self.comm.size();
         let me = self.comm.rank();
         let e = |e: railring::Error| e.to_string();
