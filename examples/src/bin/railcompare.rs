@@ -13,6 +13,9 @@
 //!   [--hostfile F | -H L] [--mca plm_rsh_agent SSH] MPIRUN-ARGS mpiperf ARGS -J F`
 //! * railring: `railrun -np N [--hostfile F | -H L] [--ssh SSH] RAILRUN-ARGS railperf ARGS -J F`
 //!
+//! mpirun runs with `TMPDIR` set to a fresh directory of its own (removed afterwards), so that
+//! it never shares Open MPI's session directory with another mpirun starting at the same time.
+//!
 //! `mpiperf`, `railperf` (and `railrun`, else the one on `PATH`) are taken from the directory
 //! of railcompare's own executable. `--allow-run-as-root` is added when running as root;
 //! `--no-yield` drops the yield setting (it helps MPI when ranks outnumber cores and costs it

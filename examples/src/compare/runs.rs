@@ -177,6 +177,20 @@ fn tail(s: &str, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
+/// A fresh `TMPDIR` for one mpirun (removed after the run): Open MPI puts its session
+/// directory (`ompi.<host>.<uid>`) there, and two mpiruns starting at once under the same one
+/// race on it ("File exists"). Only the local mpirun and its local ranks see it; daemons on
+/// other hosts keep their own.
+fn session_dir(round: usize) -> Result<PathBuf, String> {
+    let d = std::env::temp_dir().join(format!(
+        "railcompare-{}-mpi-{round}.tmp",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    Ok(d)
+}
+
 pub fn run_one(lib: Lib, round: usize, a: &Args, t: &Tools) -> Result<Run, String> {
     let json = format!(
         "/tmp/railcompare-{}-{}-{round}.json",
@@ -185,13 +199,22 @@ pub fn run_one(lib: Lib, round: usize, a: &Args, t: &Tools) -> Result<Run, Strin
     );
     let _ = std::fs::remove_file(&json);
     let cmd = command(lib, a, t, &json);
+    let mut c = Command::new(&cmd[0]);
+    c.args(&cmd[1..]).stdin(Stdio::null());
+    let session = match lib {
+        Lib::Mpi => Some(session_dir(round)?),
+        Lib::Railring => None,
+    };
+    if let Some(d) = &session {
+        c.env("TMPDIR", d);
+    }
     let t0 = Instant::now();
-    let out = Command::new(&cmd[0])
-        .args(&cmd[1..])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", cmd[0]))?;
+    let out = c.output();
     let secs = t0.elapsed().as_secs_f64();
+    if let Some(d) = &session {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let out = out.map_err(|e| format!("cannot run {}: {e}", cmd[0]))?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     if a.verbose {
