@@ -154,7 +154,7 @@ impl CostModel {
     }
 
     /// Seconds the whole call takes: a timed run of every rank's plan with the execution model
-    /// of [`crate::check`] (a transfer starts when both its send and its receive are posted,
+    /// of [`crate::check`](mod@crate::check) (a transfer starts when both its send and its receive are posted,
     /// a step ends when its send has been delivered and its receive has arrived and been
     /// combined; node steps start when the last member arrives). The critical path, so a ring
     /// over a 1-element buffer pays its 2(n-1) hops even though each rank only moves data in a
