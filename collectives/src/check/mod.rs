@@ -38,10 +38,12 @@
 //! every rank is rank j's block j. broadcast: the root's elements. all_to_all: block j of rank r
 //! is block r of rank j's input.
 //!
-//! Files: this one holds the entry point [`check`] and [`CheckError`]; `expr.rs` the symbolic
-//! values, `validate.rs` the static checks of each plan, `sim.rs` the execution model,
-//! `postcondition.rs` the final checks, `tests.rs` hand-written plans.
+//! Files: this one holds the entry point [`check`]; `error.rs` [`CheckError`], `expr.rs` the
+//! symbolic values, `validate.rs` the static checks of each plan, `sim.rs` the execution model,
+//! `postcondition.rs` the final checks, `tests.rs` hand-written plans. Imports go one way:
+//! `mod.rs` → `sim` → `validate`, `expr` → `error`; `postcondition` (more of `Sim`) → `sim`.
 
+mod error;
 mod expr;
 mod postcondition;
 mod sim;
@@ -49,66 +51,11 @@ mod sim;
 mod tests;
 mod validate;
 
+pub use error::CheckError;
+
 use crate::plan::{CollKind, Layout, Plan};
 use sim::Sim;
 use validate::validate;
-
-/// Why a set of plans is wrong. Messages name the rank, step and element.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CheckError {
-    #[error("invalid check input: {0}")]
-    Input(String),
-    #[error("rank {rank} step {step}: {msg}")]
-    BadStep {
-        rank: usize,
-        step: usize,
-        msg: String,
-    },
-    #[error(
-        "rank {rank} step {step} receives {recv_len} elements from rank {src} on channel {chan}, \
-         but the matching send (rank {src} step {send_step}) carries {send_len}"
-    )]
-    LenMismatch {
-        rank: usize,
-        step: usize,
-        src: usize,
-        chan: usize,
-        send_step: usize,
-        send_len: usize,
-        recv_len: usize,
-    },
-    #[error(
-        "rank {rank} step {step} and rank {other} step {other_step} disagree on an in-node \
-         collective: {msg}"
-    )]
-    NodeMismatch {
-        rank: usize,
-        step: usize,
-        other: usize,
-        other_step: usize,
-        msg: String,
-    },
-    #[error("deadlock: no rank can make progress\n{0}")]
-    Deadlock(String),
-    #[error("rank {rank}: work element {index}: expected {expected}, got {got}")]
-    Wrong {
-        rank: usize,
-        index: usize,
-        expected: String,
-        got: String,
-    },
-    #[error(
-        "ranks {rank} and {other} end with different reduction trees for work element {index}, \
-         so their results are not bit-identical: {a} vs {b}"
-    )]
-    NotBitIdentical {
-        rank: usize,
-        other: usize,
-        index: usize,
-        a: String,
-        b: String,
-    },
-}
 
 /// Checks the plans of all `layout.size()` ranks (`plans[r]` is rank r's) of one call.
 pub fn check(

@@ -2,9 +2,9 @@
 //! once and are the same expression on every rank (bit-identical); gathers, broadcasts and
 //! all-to-all land each rank's block where it belongs.
 
+use super::error::CheckError;
 use super::expr::{leaf, Val, UNKNOWN};
 use super::sim::Sim;
-use super::CheckError;
 use crate::plan::{Buf, CollKind};
 use std::fmt::Write as _;
 

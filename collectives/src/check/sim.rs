@@ -2,9 +2,9 @@
 //! per (source, destination, channel), rendezvous sends and in-node steps that run when the whole
 //! group has reached them; no progress before all are done is a deadlock, described rank by rank.
 
+use super::error::CheckError;
 use super::expr::{leaf, Exprs, Val, UNKNOWN};
 use super::validate::bad;
-use super::CheckError;
 use crate::plan::{Buf, CollKind, Plan, Region, Step, Xfer};
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;

@@ -2,7 +2,7 @@
 //! buffer read-only, peers are other ranks, no overlapping send/receive without reduce, in-node
 //! groups on one node with disjoint slices.
 
-use super::CheckError;
+use super::error::CheckError;
 use crate::plan::{Buf, Layout, Plan, Region, Step, Xfer};
 
 pub(super) fn bad(rank: usize, step: usize, msg: impl Into<String>) -> CheckError {
