@@ -14,7 +14,8 @@
 //! | barrier         | as all_reduce of `max(count, 1)` elements (any all-reduce algorithm) |
 //! | send_recv       | none: point-to-point is not a plan ([`PlanError::NotAPlan`]) |
 //!
-//! Buffer conventions (see also each algorithm file and [`crate::check`](mod@crate::check)), with `n` ranks:
+//! Buffer conventions (see also each algorithm file and [`crate::check`](mod@crate::check)),
+//! with `n` ranks:
 //! - all_reduce: `Work` has `count` elements, in/out.
 //! - reduce_scatter: `Work` has `count * n`; afterwards rank r's block `[r*count, (r+1)*count)`
 //!   holds the reduction of that block over all ranks (other blocks: unspecified).

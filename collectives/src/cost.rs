@@ -154,11 +154,11 @@ impl CostModel {
     }
 
     /// Seconds the whole call takes: a timed run of every rank's plan with the execution model
-    /// of [`crate::check`](mod@crate::check) (a transfer starts when both its send and its receive are posted,
-    /// a step ends when its send has been delivered and its receive has arrived and been
-    /// combined; node steps start when the last member arrives). The critical path, so a ring
-    /// over a 1-element buffer pays its 2(n-1) hops even though each rank only moves data in a
-    /// few of them. Plans that stall (deadlock) cost infinity.
+    /// of [`crate::check`](mod@crate::check) (a transfer starts when both its send and its
+    /// receive are posted, a step ends when its send has been delivered and its receive has
+    /// arrived and been combined; node steps start when the last member arrives). The critical
+    /// path, so a ring over a 1-element buffer pays its 2(n-1) hops even though each rank only
+    /// moves data in a few of them. Plans that stall (deadlock) cost infinity.
     pub fn simulate(&self, plans: &[Plan], layout: &Layout, dtype_size: usize) -> f64 {
         let n = plans.len();
         let nodes = NodeMap::new(layout);

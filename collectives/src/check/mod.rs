@@ -41,7 +41,8 @@
 //! Files: this one holds the entry point [`check`]; `error.rs` [`CheckError`], `expr.rs` the
 //! symbolic values, `validate.rs` the static checks of each plan, `sim.rs` the execution model,
 //! `postcondition.rs` the final checks, `tests.rs` hand-written plans. Imports go one way:
-//! `mod.rs` → `sim` → `validate`, `expr` → `error`; `postcondition` (more of `Sim`) → `sim`.
+//! `mod.rs` → `sim` → `validate`, `expr` → `error`; `postcondition` (more of `Sim`) →
+//! `sim`.
 
 mod error;
 mod expr;
