@@ -20,7 +20,8 @@
 //! The numbers are fields; the runtime may override them (e.g. from environment variables, via
 //! [`CostModel::set`]). Forcing an algorithm is the runtime's job (RAILRING_ALGO).
 
-use crate::build::{algorithms_for, build_plan, validate_layout};
+use crate::build::{algorithms_for, build_plan};
+use crate::builder::{validate_layout, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Step, Xfer};
 use std::collections::{HashMap, VecDeque};
 
@@ -153,11 +154,11 @@ impl CostModel {
     }
 
     /// Seconds the whole call takes: a timed run of every rank's plan with the execution model
-    /// of [`crate::check`] (a transfer starts when both its send and its receive are posted,
-    /// a step ends when its send has been delivered and its receive has arrived and been
-    /// combined; node steps start when the last member arrives). The critical path, so a ring
-    /// over a 1-element buffer pays its 2(n-1) hops even though each rank only moves data in a
-    /// few of them. Plans that stall (deadlock) cost infinity.
+    /// of [`crate::check`](mod@crate::check) (a transfer starts when both its send and its
+    /// receive are posted, a step ends when its send has been delivered and its receive has
+    /// arrived and been combined; node steps start when the last member arrives). The critical
+    /// path, so a ring over a 1-element buffer pays its 2(n-1) hops even though each rank only
+    /// moves data in a few of them. Plans that stall (deadlock) cost infinity.
     pub fn simulate(&self, plans: &[Plan], layout: &Layout, dtype_size: usize) -> f64 {
         let n = plans.len();
         let nodes = NodeMap::new(layout);
@@ -286,7 +287,7 @@ impl CostModel {
         count: usize,
         dtype_size: usize,
         root: usize,
-    ) -> Result<f64, crate::build::PlanError> {
+    ) -> Result<f64, PlanError> {
         let n = validate_layout(layout)?;
         if n <= SIMULATE_MAX_RANKS {
             let plans = (0..n)

@@ -2,6 +2,7 @@
 //! checking and the cost model. Nothing here touches sockets, processes or files.
 
 pub mod build;
+pub mod builder;
 pub mod check;
 pub mod cost;
 pub mod dtype;
@@ -10,10 +11,13 @@ pub mod pairwise;
 pub mod plan;
 pub mod recursive_doubling;
 pub mod ring;
+#[cfg(test)]
+mod testing;
 pub mod tree;
 pub mod two_level;
 
-pub use build::{algorithms_for, build_plan, PlanError};
+pub use build::{algorithms_for, build_plan};
+pub use builder::PlanError;
 pub use check::{check, CheckError};
 pub use cost::{CostModel, LinkCost};
 pub use dtype::{as_bytes, as_bytes_mut, DataType, Element, ReduceOp};

@@ -8,7 +8,7 @@
 //! (rank r's partner in round k sends to it in the same round, so every round is a permutation
 //! and nobody waits).
 
-use crate::build::{push_exchange, Ctx, PlanError};
+use crate::builder::{push_exchange, Ctx, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Region, Step};
 
 /// Pairwise all-to-all with `count` elements per block.
@@ -44,8 +44,8 @@ pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::{plans, run_matrix};
     use crate::check::{check, CheckError};
+    use crate::testing::{plans, run_matrix};
 
     #[test]
     fn all_to_all_matrix() {

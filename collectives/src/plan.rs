@@ -1,7 +1,8 @@
 //! Plans: for one rank of one collective call, the list of steps — exchange with a peer over a
 //! channel, in-node reduce-scatter / all-gather over shared memory, local copies. A plan is data:
-//! it can be checked symbolically ([`crate::check`]), priced ([`crate::cost`]), rendered
-//! (`Display`) and executed (by the runtime's executor, over any transport).
+//! it can be checked symbolically ([`crate::check`](mod@crate::check)), priced
+//! ([`crate::cost`]), rendered (`Display`) and executed (by the runtime's executor, over any
+//! transport).
 //!
 //! Conventions every algorithm and the executor rely on:
 //! - Regions are in **elements**, never bytes.

@@ -20,7 +20,7 @@
 //! `reduce: true`). The send must carry the buffer as it was when the step started: receive into
 //! staging and combine after the send has read the region (the checker models exactly that).
 
-use crate::build::{push_exchange, Ctx, PlanError};
+use crate::builder::{push_exchange, Ctx, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Region};
 
 /// Recursive-doubling all-reduce of `count` elements.
@@ -74,9 +74,9 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::{plans, run_matrix};
     use crate::check::{check, CheckError};
     use crate::plan::{Step, Xfer};
+    use crate::testing::{plans, run_matrix};
 
     #[test]
     fn all_reduce_matrix() {

@@ -18,7 +18,7 @@
 //! - reduce-scatter: send chunk `p-s-1`, receive-and-reduce chunk `p-s-2`;
 //! - all-gather: send chunk `p-s`, receive (overwrite) chunk `p-s-1`.
 
-use crate::build::{push_exchange, work, Ctx, PlanError};
+use crate::builder::{push_exchange, work, Ctx, PlanError};
 use crate::plan::{split, Algo, CollKind, Layout, Plan, Region, Step};
 
 /// Elements per broadcast pipeline chunk (the chain is cut into `ceil(count / this)` chunks, at
@@ -180,8 +180,8 @@ pub fn broadcast_chunked(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::{layouts, plans, run_matrix};
     use crate::check::{check, CheckError};
+    use crate::testing::{layouts, plans, run_matrix};
 
     #[test]
     fn all_reduce_matrix() {

@@ -14,7 +14,7 @@
 //! Broadcast sends to the children largest subtree first (the far, cross-node hops happen once,
 //! early); reduce receives from the children smallest subtree first (those are ready first).
 
-use crate::build::{push_exchange, Ctx, PlanError};
+use crate::builder::{push_exchange, Ctx, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Region, Step};
 
 struct Tree {
@@ -109,8 +109,8 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::{plans, run_matrix};
     use crate::check::{check, CheckError};
+    use crate::testing::{plans, run_matrix};
 
     #[test]
     fn broadcast_matrix() {

@@ -14,7 +14,7 @@
 //! chain, then copied, so all ranks end bit-identical. Non-uniform layouts are refused
 //! ([`PlanError::NonUniform`]); the chooser then falls back to the flat ring.
 
-use crate::build::{work, Ctx, PlanError};
+use crate::builder::{work, Ctx, PlanError};
 use crate::plan::{split, Algo, CollKind, Layout, Plan, Region, Step};
 use crate::ring::{ring_all_gather, ring_reduce_scatter};
 
@@ -114,8 +114,8 @@ fn node_only(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::{plans, run_matrix};
     use crate::check::{check, CheckError};
+    use crate::testing::{plans, run_matrix};
 
     #[test]
     fn single_node_reduce_scatter_and_all_gather() {

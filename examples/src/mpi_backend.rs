@@ -27,7 +27,7 @@
 //! both libraries round the same way. Non-blocking mode (`-z 0`) is the same as blocking here:
 //! the iterations are issued back to back.
 
-use crate::perf::{Backend, Coll};
+use crate::perf::{Backend, Call, Coll};
 use mpi::collective::{CommunicatorCollectives, Root, SystemOperation};
 use mpi::datatype::{DatatypeRef, Equivalence, MutView, View};
 use mpi::environment::Universe;
@@ -334,15 +334,13 @@ impl Backend for Mpi {
     fn size(&self) -> usize {
         self.n()
     }
-    fn call(
-        &self,
-        c: Coll,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        input: Option<&[u8]>,
-        output: &mut [u8],
-    ) -> Result<(), String> {
+    fn call(&self, call: &Call, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), String> {
+        let Call {
+            coll: c,
+            dtype,
+            op,
+            root,
+        } = *call;
         datatype(dtype)?;
         match (input, self.in_place) {
             (Some(i), _) => self.out_of_place(c, dtype, op, root, i, output)?,

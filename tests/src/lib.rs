@@ -3,6 +3,7 @@
 
 pub mod bins;
 pub mod cluster;
+pub mod proc;
 pub mod slurm;
 
 pub use cluster::{Cluster, ClusterSpec, UpOptions, HEAD};

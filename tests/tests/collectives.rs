@@ -3,6 +3,7 @@
 //! mismatched calls, a dead peer, a stalled peer — over shared memory and over TCP.
 
 use railring::bootstrap::{auth, store, Store};
+use railring_tests::proc::read_text;
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,8 +68,8 @@ fn direct(
         .iter_mut()
         .map(|k| {
             Some((
-                read_all(k.stdout.take().unwrap()),
-                read_all(k.stderr.take().unwrap()),
+                read_text(k.stdout.take().unwrap()),
+                read_text(k.stderr.take().unwrap()),
             ))
         })
         .collect();
@@ -120,14 +121,6 @@ fn direct(
 }
 
 type ReadJoin = std::thread::JoinHandle<String>;
-
-fn read_all(mut r: impl std::io::Read + Send + 'static) -> ReadJoin {
-    std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = r.read_to_end(&mut b);
-        String::from_utf8_lossy(&b).into_owned()
-    })
-}
 
 fn join_output((o, e): (ReadJoin, ReadJoin)) -> (String, String) {
     (o.join().unwrap_or_default(), e.join().unwrap_or_default())

@@ -3,12 +3,12 @@
 //!
 //! Needs root (namespaces); without it every test prints `SKIPPED: ...` (and fails under `CI`).
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
+use railring_tests::proc::{collect, wait_timeout};
 
 const TESTPROG: &str = env!("CARGO_BIN_EXE_rr-testprog");
 
@@ -44,40 +44,6 @@ fn railrun_on_head(c: &Cluster, args: &[&str]) -> Command {
         .env_remove("RAILRUN_SSH");
     cmd.stdin(Stdio::null());
     cmd
-}
-
-fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return Some(st);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn collect(
-    child: &mut Child,
-) -> (
-    std::thread::JoinHandle<String>,
-    std::thread::JoinHandle<String>,
-) {
-    let mut o = child.stdout.take().expect("piped stdout");
-    let mut e = child.stderr.take().expect("piped stderr");
-    let to = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = o.read_to_string(&mut s);
-        s
-    });
-    let te = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = e.read_to_string(&mut s);
-        s
-    });
-    (to, te)
 }
 
 fn run_limited(mut cmd: Command, limit: Duration) -> (Output, Duration) {

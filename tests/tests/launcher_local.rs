@@ -6,9 +6,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use railring_tests::proc::{read_all, wait_timeout};
 
 const TESTPROG: &str = env!("CARGO_BIN_EXE_rr-testprog");
 
@@ -83,36 +85,13 @@ fn assert_no_survivors(marker: &str) {
     }
 }
 
-fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return Some(st);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Run with a hard limit; returns (output, wall time).
 fn run_limited(mut c: Command, limit: Duration) -> (Output, Duration) {
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     let t0 = Instant::now();
     let mut child = c.spawn().expect("spawn railrun");
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let to = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = out.read_to_end(&mut b);
-        b
-    });
-    let te = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = err.read_to_end(&mut b);
-        b
-    });
+    let to = read_all(child.stdout.take().unwrap());
+    let te = read_all(child.stderr.take().unwrap());
     let st = match wait_timeout(&mut child, limit) {
         Some(st) => st,
         None => {

@@ -11,13 +11,14 @@
 //! `cargo test -p railring-tests --features mpi --test mpi`
 #![cfg(feature = "mpi")]
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use railring_tests::bins;
 use railring_tests::cluster::{Cluster, ClusterSpec};
+use railring_tests::proc::{collect, wait_timeout, ScratchDir};
 
 const MPIPROG: &str = env!("CARGO_BIN_EXE_rr-mpiprog");
 
@@ -26,13 +27,22 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// mpirun with the flags every run here needs (root, 2 shared cores).
-fn mpirun_argv(np: usize) -> Vec<String> {
+/// mpirun with the flags every run here needs (root, 2 shared cores) and its own session
+/// directory base `tmp` (a fresh [`ScratchDir`] per run): Open MPI creates
+/// `<base>/ompi.<host>.<uid>`, and two mpiruns starting at once under the same base race on it
+/// ("File exists"). Given as an MCA parameter, it also reaches the daemons mpirun starts on the
+/// emulated cluster's hosts (which share this machine's /tmp).
+fn mpirun_argv(np: usize, tmp: &ScratchDir) -> Vec<String> {
     let mut v: Vec<String> = vec!["mpirun".into(), "-np".into(), np.to_string()];
     if is_root() {
         v.push("--allow-run-as-root".into());
     }
     v.extend(["--oversubscribe", "--mca", "mpi_yield_when_idle", "1"].map(String::from));
+    v.extend([
+        "--mca".into(),
+        "orte_tmpdir_base".into(),
+        tmp.path().display().to_string(),
+    ]);
     v
 }
 
@@ -52,27 +62,6 @@ fn clean(mut c: Command) -> Command {
     c
 }
 
-fn collect(
-    child: &mut Child,
-) -> (
-    std::thread::JoinHandle<String>,
-    std::thread::JoinHandle<String>,
-) {
-    let mut o = child.stdout.take().expect("piped stdout");
-    let mut e = child.stderr.take().expect("piped stderr");
-    let to = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = o.read_to_string(&mut s);
-        s
-    });
-    let te = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = e.read_to_string(&mut s);
-        s
-    });
-    (to, te)
-}
-
 /// Run `cmd`; past `limit`, SIGTERM (mpirun then ends its ranks), SIGKILL 5 s later, and fail.
 fn run_limited(mut cmd: Command, limit: Duration, what: &str) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -80,27 +69,17 @@ fn run_limited(mut cmd: Command, limit: Duration, what: &str) -> Output {
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
     let (to, te) = collect(&mut child);
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let grace = Instant::now() + Duration::from_secs(5);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < grace {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{what}: did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
-                to.join().unwrap(),
-                te.join().unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = wait_timeout(&mut child, limit) else {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = wait_timeout(&mut child, Duration::from_secs(5));
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "{what}: did not finish within {limit:?}\nstdout:\n{}\nstderr:\n{}",
+            to.join().unwrap(),
+            te.join().unwrap()
+        );
     };
     Output {
         status,
@@ -142,7 +121,8 @@ fn assert_all_ok(o: &Output, np: usize, mode: &str) -> Vec<(usize, String)> {
 }
 
 fn local_mpirun(np: usize, mode: &str) {
-    let mut argv = mpirun_argv(np);
+    let tmp = ScratchDir::new("rr-mpirun");
+    let mut argv = mpirun_argv(np, &tmp);
     argv.extend([MPIPROG.to_string(), mode.to_string()]);
     let mut c = clean(Command::new(&argv[0]));
     c.args(&argv[1..]);
@@ -179,7 +159,8 @@ fn from_mpi_4_ranks() {
 /// MPMD: `np_bad` ranks run with `bad_env`, the others without. The job must end (mpirun
 /// aborts it when a rank exits non-zero) with the failing rank's own error, not hang.
 fn one_rank_fails(np_good: usize, bad_env: &str, want: &str) {
-    let mut argv = mpirun_argv(np_good);
+    let tmp = ScratchDir::new("rr-mpirun");
+    let mut argv = mpirun_argv(np_good, &tmp);
     argv.extend([
         MPIPROG.to_string(),
         "init".into(),
@@ -241,44 +222,15 @@ fn alone_without_mpirun_is_not_mpi() {
 fn tools() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = Path::new(MPIPROG).parent().expect("bin dir").to_path_buf();
-        let target = dir.parent().expect("target dir").to_path_buf();
-        let cargo = std::env::var("CARGO")
-            .ok()
-            .or(option_env!("CARGO").map(String::from))
-            .unwrap_or_else(|| "cargo".into());
-        let mut c = Command::new(cargo);
-        c.arg("build")
-            .arg("--manifest-path")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
-            .args([
-                "-p",
-                "railring-examples",
-                "-p",
-                "railrun",
-                "--features",
-                "railring-examples/mpi",
-                "--bins",
-                "--target-dir",
-            ])
-            .arg(&target);
-        match dir.file_name().and_then(|s| s.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                c.arg("--release");
-            }
-            Some(other) => {
-                c.args(["--profile", other]);
-            }
-        }
-        let st = c
-            .status()
-            .expect("run cargo build -p railring-examples -p railrun");
-        assert!(
-            st.success(),
-            "cargo build of railperf / mpiperf / railcompare / railrun failed"
-        );
-        dir
+        bins::cargo_build(&[
+            "-p",
+            "railring-examples",
+            "-p",
+            "railrun",
+            "--features",
+            "railring-examples/mpi",
+            "--bins",
+        ])
     })
 }
 
@@ -403,8 +355,8 @@ fn cluster(test: &str) -> Option<Cluster> {
 }
 
 /// Open MPI on the management network, ranks spread over n1 and n2, railring's rails on `rail*`.
-fn cluster_mpirun_argv(c: &Cluster, hostfile: &Path, np: usize) -> Vec<String> {
-    let mut v = mpirun_argv(np);
+fn cluster_mpirun_argv(c: &Cluster, hostfile: &Path, np: usize, tmp: &ScratchDir) -> Vec<String> {
+    let mut v = mpirun_argv(np, tmp);
     v.extend([
         "--hostfile".into(),
         hostfile.display().to_string(),
@@ -438,7 +390,8 @@ fn mpirun_across_cluster_hosts() {
     };
     let hf = c.hostfile(2).unwrap();
     for mode in ["init", "from-mpi"] {
-        let mut argv = cluster_mpirun_argv(&c, &hf, 4);
+        let tmp = ScratchDir::new("rr-mpirun");
+        let mut argv = cluster_mpirun_argv(&c, &hf, 4, &tmp);
         argv.extend([MPIPROG.to_string(), mode.to_string()]);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let cmd = clean(c.exec("head", &argv));
@@ -479,6 +432,13 @@ fn railcompare_across_cluster_hosts() {
     let json = c.dir().join("cmp.json");
     let rc = dir.join("railcompare").display().to_string();
     let ssh = c.ssh_command();
+    // railcompare gives its mpirun a fresh TMPDIR on head; the daemons on n1 and n2 get this
+    // run's own session directory base too (see `mpirun_argv`).
+    let tmp = ScratchDir::new("rr-mpirun");
+    let mpirun_args = format!(
+        "--mca btl_tcp_if_include mgmt0 --mca oob_tcp_if_include mgmt0 -x RAILRING_SOCKET_IFNAME=rail --mca orte_tmpdir_base {}",
+        tmp.path().display()
+    );
     let argv = [
         rc.as_str(),
         "-np",
@@ -488,7 +448,7 @@ fn railcompare_across_cluster_hosts() {
         "--ssh",
         &ssh,
         "--mpirun-args",
-        "--mca btl_tcp_if_include mgmt0 --mca oob_tcp_if_include mgmt0 -x RAILRING_SOCKET_IFNAME=rail",
+        &mpirun_args,
         "--railrun-args",
         "-x RAILRING_SOCKET_IFNAME=rail",
         "--rounds",

@@ -36,49 +36,13 @@ fn serial() -> MutexGuard<'static, ()> {
     M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A binary of this workspace, built into this test's target directory on first use
-/// (`<NAME>_BIN`, e.g. `RAILRUN_BIN`, overrides).
-fn workspace_bin(package: &str, name: &str) -> PathBuf {
-    let var = format!("{}_BIN", name.to_ascii_uppercase().replace('-', "_"));
-    if let Some(p) = std::env::var_os(&var) {
-        return PathBuf::from(p);
-    }
-    let dir = Path::new(TESTPROG).parent().expect("bin dir").to_path_buf();
-    let target = dir.parent().expect("target dir").to_path_buf();
-    let cargo = std::env::var("CARGO")
-        .ok()
-        .or(option_env!("CARGO").map(String::from))
-        .unwrap_or_else(|| "cargo".into());
-    let mut c = Command::new(cargo);
-    c.arg("build")
-        .arg("--manifest-path")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml"))
-        .args(["-p", package, "--bin", name, "--target-dir"])
-        .arg(&target);
-    match dir.file_name().and_then(|s| s.to_str()) {
-        Some("debug") | None => {}
-        Some("release") => {
-            c.arg("--release");
-        }
-        Some(other) => {
-            c.args(["--profile", other]);
-        }
-    }
-    let st = c
-        .status()
-        .unwrap_or_else(|e| panic!("run cargo build -p {package}: {e}"));
-    assert!(st.success(), "cargo build -p {package} --bin {name} failed");
-    dir.join(name)
-}
-
 fn railrun() -> &'static Path {
-    static B: OnceLock<PathBuf> = OnceLock::new();
-    B.get_or_init(|| workspace_bin("railrun", "railrun"))
+    railring_tests::bins::railrun()
 }
 
 fn railperf() -> &'static Path {
     static B: OnceLock<PathBuf> = OnceLock::new();
-    B.get_or_init(|| workspace_bin("railring-examples", "railperf"))
+    B.get_or_init(|| railring_tests::bins::workspace_bin("railring-examples", "railperf"))
 }
 
 fn s(p: &Path) -> String {

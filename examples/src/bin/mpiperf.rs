@@ -1,5 +1,5 @@
 //! mpiperf: railperf's MPI peer — the same flags, table, JSON and element-by-element checks
-//! (the shared driver in `perf.rs`), with every collective a real MPI call on `MPI_COMM_WORLD`
+//! (the shared driver in `perf/`), with every collective a real MPI call on `MPI_COMM_WORLD`
 //! (see `mpi_backend.rs`). Build with `--features mpi`; start with mpirun:
 //!
 //! ```text

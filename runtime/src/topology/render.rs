@@ -265,185 +265,20 @@ const PALETTE: [&str; 8] = [
 /// An SVG picture: one frame per NUMA node (grouped by socket), host
 /// bridges and PCIe switches as a tree, GPUs and NICs as leaves, and the
 /// chosen GPU↔NIC pairs as colored curves with matching outlines.
+///
+/// Built in steps: the drawn forest (`forest`), its roots grouped into
+/// NUMA columns (`numa_columns`), positions (`place_columns`), then the
+/// drawing: header, frames, edges, boxes and the bindings with their legend.
 pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
-    let drawn = |k: PciKind| matches!(k, PciKind::HostBridge | PciKind::Switch);
-    // Nearest drawn ancestor of PCI node i (excluding i).
-    let drawn_parent = |mut i: usize| -> Option<usize> {
-        let mut steps = 0;
-        while let Some(p) = topo.pci.get(i).and_then(|n| n.parent) {
-            if p >= i || steps > topo.pci.len() {
-                return None;
-            }
-            if drawn(topo.pci[p].kind) {
-                return Some(p);
-            }
-            i = p;
-            steps += 1;
-        }
-        None
-    };
-    // Build the drawn forest.
-    let mut children: BTreeMap<Item, Vec<Item>> = BTreeMap::new();
-    let mut roots: Vec<Item> = Vec::new();
-    let attach = |item: Item,
-                  parent: Option<usize>,
-                  children: &mut BTreeMap<Item, Vec<Item>>,
-                  roots: &mut Vec<Item>| {
-        let mut cur = item;
-        let mut par = parent;
-        loop {
-            match par {
-                Some(p) => {
-                    let e = children.entry(Item::Pci(p)).or_default();
-                    let existed = !e.is_empty() || roots.contains(&Item::Pci(p));
-                    if !e.contains(&cur) {
-                        e.push(cur);
-                    }
-                    if existed {
-                        return;
-                    }
-                    cur = Item::Pci(p);
-                    par = drawn_parent(p);
-                }
-                None => {
-                    if !roots.contains(&cur) {
-                        roots.push(cur);
-                    }
-                    return;
-                }
-            }
-        }
-    };
-    let endpoints: Vec<(DeviceId, Option<usize>)> = topo
-        .gpus
+    let forest = forest(topo);
+    let cols = numa_columns(topo, &forest.roots);
+    let max_depth = forest
+        .roots
         .iter()
-        .map(|g| (DeviceId::Gpu(g.index), g.pci))
-        .chain(topo.nics.iter().map(|n| (DeviceId::Nic(n.index), n.pci)))
-        .collect();
-    for (dev, pci) in &endpoints {
-        let parent = pci.and_then(|p| {
-            if drawn(topo.pci[p].kind) {
-                Some(p)
-            } else {
-                drawn_parent(p)
-            }
-        });
-        attach(Item::Dev(*dev), parent, &mut children, &mut roots);
-    }
-    // Children left to right by bus id (virtual NICs last).
-    let sort_key = |it: &Item| -> (bool, String) {
-        let busid = match it {
-            Item::Pci(p) => topo.pci[*p].busid.clone(),
-            Item::Dev(DeviceId::Gpu(g)) => topo.gpus[*g].busid.clone(),
-            Item::Dev(DeviceId::Nic(n)) => topo.nics[*n]
-                .busid
-                .clone()
-                .or_else(|| Some(format!("~{}", topo.nics[*n].name))),
-            Item::Dev(DeviceId::Numa(_)) => None,
-        };
-        (busid.is_none(), busid.unwrap_or_default())
-    };
-    for v in children.values_mut() {
-        v.sort_by_key(|it| sort_key(it));
-    }
-    // Group roots into columns by NUMA node.
-    let numa_of = |it: &Item| -> Option<usize> {
-        match it {
-            Item::Pci(p) => topo.pci[*p].numa,
-            Item::Dev(d) => topo.device_numa(*d),
-        }
-    };
-    let mut cols: BTreeMap<(usize, usize), Vec<Item>> = BTreeMap::new();
-    for n in &topo.numa_nodes {
-        cols.insert((n.package.unwrap_or(n.id), n.id), Vec::new());
-    }
-    let unknown = (usize::MAX, usize::MAX);
-    for r in &roots {
-        let key = match numa_of(r).and_then(|n| topo.numa_node(n)) {
-            Some(n) => (n.package.unwrap_or(n.id), n.id),
-            None => unknown,
-        };
-        cols.entry(key).or_default().push(*r);
-    }
-    for v in cols.values_mut() {
-        v.sort_by_key(|it| sort_key(it));
-    }
-
-    fn width(it: &Item, ch: &BTreeMap<Item, Vec<Item>>, depth: usize) -> usize {
-        match ch.get(it) {
-            Some(c) if depth < 64 => c
-                .iter()
-                .map(|x| width(x, ch, depth + 1))
-                .sum::<usize>()
-                .max(1),
-            _ => 1,
-        }
-    }
-    fn depth_of(it: &Item, ch: &BTreeMap<Item, Vec<Item>>, d: usize) -> usize {
-        match ch.get(it) {
-            Some(c) if d < 64 => c.iter().map(|x| depth_of(x, ch, d + 1)).max().unwrap_or(d),
-            _ => d,
-        }
-    }
-    let max_depth = roots
-        .iter()
-        .map(|r| depth_of(r, &children, 0))
+        .map(|r| depth_of(r, &forest.children, 0))
         .max()
         .unwrap_or(0);
-
-    // Place items: leaves get slots, parents are centred over children.
-    fn place(
-        it: &Item,
-        ch: &BTreeMap<Item, Vec<Item>>,
-        x0: f64,
-        depth: usize,
-        pos: &mut BTreeMap<Item, (f64, f64)>,
-    ) -> f64 {
-        let w = width(it, ch, depth) as f64 * SLOT_W;
-        let y = TOP + 40.0 + depth as f64 * ROW_H;
-        if let Some(c) = ch.get(it).filter(|_| depth < 64) {
-            let mut x = x0;
-            for k in c {
-                x += place(k, ch, x, depth + 1, pos);
-            }
-        }
-        pos.insert(*it, (x0 + w / 2.0, y));
-        w
-    }
-    let mut pos: BTreeMap<Item, (f64, f64)> = BTreeMap::new();
-    let mut frames: Vec<(f64, f64, String)> = Vec::new();
-    let mut x = COL_PAD;
-    for ((pkg, id), items) in &cols {
-        let start = x;
-        let label = if (*pkg, *id) == unknown {
-            "NUMA node unknown / host-attached".to_string()
-        } else {
-            let node = topo.numa_node(*id);
-            let cpus = node.map(|n| format_cpulist(&n.cpus)).unwrap_or_default();
-            let sock = node
-                .and_then(|n| n.package)
-                .map(|p| format!("Socket {p} · "))
-                .unwrap_or_default();
-            format!(
-                "{sock}NUMA {id} · CPUs {}",
-                if cpus.is_empty() { "?".into() } else { cpus }
-            )
-        };
-        let label_w = label.chars().count() as f64 * 7.0 + 16.0;
-        let items_w = items
-            .iter()
-            .map(|it| width(it, &children, 0))
-            .sum::<usize>() as f64
-            * SLOT_W;
-        let w = (items_w + COL_PAD).max(SLOT_W + COL_PAD).max(label_w);
-        // Centre the trees in the frame.
-        let mut cx = start + (w - items_w) / 2.0;
-        for it in items {
-            cx += place(it, &children, cx, 0, &mut pos);
-        }
-        frames.push((start, w, label));
-        x = start + w + COL_PAD;
-    }
+    let placed = place_columns(topo, &forest.children, &cols);
     let title = format!(
         "railring topology: {} ({} GPU, {} NIC)",
         topo.source,
@@ -459,7 +294,8 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
         .map(|b| binding_summary(topo, b).chars().count() + 16)
         .max()
         .unwrap_or(0);
-    let total_w = x
+    let total_w = placed
+        .right
         .max(400.0)
         .max(title.chars().count() as f64 * 8.5 + 2.0 * COL_PAD)
         .max(longest as f64 * 6.2 + 2.0 * COL_PAD);
@@ -467,6 +303,248 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
     let total_h = body_h + 30.0 + shown.len() as f64 * 18.0;
 
     let mut s = String::new();
+    draw_header(&mut s, &title, total_w, total_h);
+    draw_frames(&mut s, &placed.frames, body_h);
+    draw_edges(&mut s, &forest.children, &placed.pos);
+    draw_boxes(&mut s, topo, &placed.pos);
+    draw_bindings(&mut s, topo, &shown, &placed.pos, body_h);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Host bridges and PCIe switches are drawn; other PCI nodes (bridges,
+/// endpoints) are skipped over.
+fn is_drawn(k: PciKind) -> bool {
+    matches!(k, PciKind::HostBridge | PciKind::Switch)
+}
+
+/// Nearest drawn ancestor of PCI node `i` (excluding `i`).
+fn drawn_parent(topo: &Topology, mut i: usize) -> Option<usize> {
+    let mut steps = 0;
+    while let Some(p) = topo.pci.get(i).and_then(|n| n.parent) {
+        if p >= i || steps > topo.pci.len() {
+            return None;
+        }
+        if is_drawn(topo.pci[p].kind) {
+            return Some(p);
+        }
+        i = p;
+        steps += 1;
+    }
+    None
+}
+
+/// The drawn forest: drawn PCI nodes above the GPUs and NICs, children
+/// sorted left to right.
+struct Forest {
+    children: BTreeMap<Item, Vec<Item>>,
+    roots: Vec<Item>,
+}
+
+/// Hangs every GPU and NIC under its nearest drawn PCI ancestor, adding
+/// each ancestor chain once.
+fn forest(topo: &Topology) -> Forest {
+    let mut children: BTreeMap<Item, Vec<Item>> = BTreeMap::new();
+    let mut roots: Vec<Item> = Vec::new();
+    let endpoints: Vec<(DeviceId, Option<usize>)> = topo
+        .gpus
+        .iter()
+        .map(|g| (DeviceId::Gpu(g.index), g.pci))
+        .chain(topo.nics.iter().map(|n| (DeviceId::Nic(n.index), n.pci)))
+        .collect();
+    for (dev, pci) in &endpoints {
+        let parent = pci.and_then(|p| {
+            if is_drawn(topo.pci[p].kind) {
+                Some(p)
+            } else {
+                drawn_parent(topo, p)
+            }
+        });
+        attach(topo, Item::Dev(*dev), parent, &mut children, &mut roots);
+    }
+    for v in children.values_mut() {
+        v.sort_by_key(|it| sort_key(topo, it));
+    }
+    Forest { children, roots }
+}
+
+/// Adds `item` under `parent`, then the parent's own chain up to the first
+/// node already in the forest (or up to a new root).
+fn attach(
+    topo: &Topology,
+    item: Item,
+    parent: Option<usize>,
+    children: &mut BTreeMap<Item, Vec<Item>>,
+    roots: &mut Vec<Item>,
+) {
+    let mut cur = item;
+    let mut par = parent;
+    loop {
+        match par {
+            Some(p) => {
+                let e = children.entry(Item::Pci(p)).or_default();
+                let existed = !e.is_empty() || roots.contains(&Item::Pci(p));
+                if !e.contains(&cur) {
+                    e.push(cur);
+                }
+                if existed {
+                    return;
+                }
+                cur = Item::Pci(p);
+                par = drawn_parent(topo, p);
+            }
+            None => {
+                if !roots.contains(&cur) {
+                    roots.push(cur);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Left-to-right order: by bus id, virtual NICs last.
+fn sort_key(topo: &Topology, it: &Item) -> (bool, String) {
+    let busid = match it {
+        Item::Pci(p) => topo.pci[*p].busid.clone(),
+        Item::Dev(DeviceId::Gpu(g)) => topo.gpus[*g].busid.clone(),
+        Item::Dev(DeviceId::Nic(n)) => topo.nics[*n]
+            .busid
+            .clone()
+            .or_else(|| Some(format!("~{}", topo.nics[*n].name))),
+        Item::Dev(DeviceId::Numa(_)) => None,
+    };
+    (busid.is_none(), busid.unwrap_or_default())
+}
+
+/// The column key of trees whose NUMA node is unknown (drawn last).
+const UNKNOWN_COL: (usize, usize) = (usize::MAX, usize::MAX);
+
+/// The roots grouped into columns keyed (socket, NUMA node), one column per
+/// NUMA node even when empty, each sorted left to right.
+fn numa_columns(topo: &Topology, roots: &[Item]) -> BTreeMap<(usize, usize), Vec<Item>> {
+    let numa_of = |it: &Item| -> Option<usize> {
+        match it {
+            Item::Pci(p) => topo.pci[*p].numa,
+            Item::Dev(d) => topo.device_numa(*d),
+        }
+    };
+    let mut cols: BTreeMap<(usize, usize), Vec<Item>> = BTreeMap::new();
+    for n in &topo.numa_nodes {
+        cols.insert((n.package.unwrap_or(n.id), n.id), Vec::new());
+    }
+    for r in roots {
+        let key = match numa_of(r).and_then(|n| topo.numa_node(n)) {
+            Some(n) => (n.package.unwrap_or(n.id), n.id),
+            None => UNKNOWN_COL,
+        };
+        cols.entry(key).or_default().push(*r);
+    }
+    for v in cols.values_mut() {
+        v.sort_by_key(|it| sort_key(topo, it));
+    }
+    cols
+}
+
+/// Width of a subtree in leaf slots.
+fn width(it: &Item, ch: &BTreeMap<Item, Vec<Item>>, depth: usize) -> usize {
+    match ch.get(it) {
+        Some(c) if depth < 64 => c
+            .iter()
+            .map(|x| width(x, ch, depth + 1))
+            .sum::<usize>()
+            .max(1),
+        _ => 1,
+    }
+}
+
+/// Depth of the deepest leaf under `it` (`d` is `it`'s own depth).
+fn depth_of(it: &Item, ch: &BTreeMap<Item, Vec<Item>>, d: usize) -> usize {
+    match ch.get(it) {
+        Some(c) if d < 64 => c.iter().map(|x| depth_of(x, ch, d + 1)).max().unwrap_or(d),
+        _ => d,
+    }
+}
+
+/// Places a subtree from `x0`: leaves get slots, parents are centred over
+/// their children. Returns the subtree's width in pixels.
+fn place(
+    it: &Item,
+    ch: &BTreeMap<Item, Vec<Item>>,
+    x0: f64,
+    depth: usize,
+    pos: &mut BTreeMap<Item, (f64, f64)>,
+) -> f64 {
+    let w = width(it, ch, depth) as f64 * SLOT_W;
+    let y = TOP + 40.0 + depth as f64 * ROW_H;
+    if let Some(c) = ch.get(it).filter(|_| depth < 64) {
+        let mut x = x0;
+        for k in c {
+            x += place(k, ch, x, depth + 1, pos);
+        }
+    }
+    pos.insert(*it, (x0 + w / 2.0, y));
+    w
+}
+
+/// Where everything goes: box centres, the NUMA frames (x, width, label)
+/// and the right edge of the last frame plus padding.
+struct Placed {
+    pos: BTreeMap<Item, (f64, f64)>,
+    frames: Vec<(f64, f64, String)>,
+    right: f64,
+}
+
+/// Lays the columns out left to right, each frame wide enough for its trees
+/// and its label, the trees centred in it.
+fn place_columns(
+    topo: &Topology,
+    children: &BTreeMap<Item, Vec<Item>>,
+    cols: &BTreeMap<(usize, usize), Vec<Item>>,
+) -> Placed {
+    let mut pos: BTreeMap<Item, (f64, f64)> = BTreeMap::new();
+    let mut frames: Vec<(f64, f64, String)> = Vec::new();
+    let mut x = COL_PAD;
+    for (&(pkg, id), items) in cols {
+        let start = x;
+        let label = frame_label(topo, pkg, id);
+        let label_w = label.chars().count() as f64 * 7.0 + 16.0;
+        let items_w = items.iter().map(|it| width(it, children, 0)).sum::<usize>() as f64 * SLOT_W;
+        let w = (items_w + COL_PAD).max(SLOT_W + COL_PAD).max(label_w);
+        // Centre the trees in the frame.
+        let mut cx = start + (w - items_w) / 2.0;
+        for it in items {
+            cx += place(it, children, cx, 0, &mut pos);
+        }
+        frames.push((start, w, label));
+        x = start + w + COL_PAD;
+    }
+    Placed {
+        pos,
+        frames,
+        right: x,
+    }
+}
+
+/// "Socket P · NUMA N · CPUs L" for column (`pkg`, `id`).
+fn frame_label(topo: &Topology, pkg: usize, id: usize) -> String {
+    if (pkg, id) == UNKNOWN_COL {
+        return "NUMA node unknown / host-attached".to_string();
+    }
+    let node = topo.numa_node(id);
+    let cpus = node.map(|n| format_cpulist(&n.cpus)).unwrap_or_default();
+    let sock = node
+        .and_then(|n| n.package)
+        .map(|p| format!("Socket {p} · "))
+        .unwrap_or_default();
+    format!(
+        "{sock}NUMA {id} · CPUs {}",
+        if cpus.is_empty() { "?".into() } else { cpus }
+    )
+}
+
+/// The `<svg>` element, the white background and the title.
+fn draw_header(s: &mut String, title: &str, total_w: f64, total_h: f64) {
     let _ = writeln!(
         s,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w:.0}" height="{total_h:.0}" viewBox="0 0 {total_w:.0} {total_h:.0}" font-family="sans-serif" font-size="11">"#
@@ -478,9 +556,13 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
     let _ = writeln!(
         s,
         r#"<text x="{COL_PAD}" y="24" font-size="15" font-weight="bold">{}</text>"#,
-        esc(&title)
+        esc(title)
     );
-    for (fx, fw, label) in &frames {
+}
+
+/// One rounded frame per NUMA column, with its label.
+fn draw_frames(s: &mut String, frames: &[(f64, f64, String)], body_h: f64) {
+    for (fx, fw, label) in frames {
         let _ = writeln!(
             s,
             r##"<rect x="{fx:.1}" y="{:.1}" width="{fw:.1}" height="{:.1}" rx="8" fill="#f4f4f8" stroke="#888"/>"##,
@@ -495,8 +577,15 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
             esc(label)
         );
     }
-    // Tree edges.
-    for (p, kids) in &children {
+}
+
+/// The tree edges, parent's bottom to child's top.
+fn draw_edges(
+    s: &mut String,
+    children: &BTreeMap<Item, Vec<Item>>,
+    pos: &BTreeMap<Item, (f64, f64)>,
+) {
+    for (p, kids) in children {
         let Some(&(px, py)) = pos.get(p) else {
             continue;
         };
@@ -511,45 +600,55 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
             }
         }
     }
-    // Boxes.
-    for (it, &(cx, cy)) in &pos {
-        let (fill, l1, l2) = match it {
-            Item::Pci(p) => {
-                let n = &topo.pci[*p];
-                let (kind, fill) = match n.kind {
-                    PciKind::HostBridge => ("Host bridge", "#e0e0e0"),
-                    _ => ("PCIe switch", "#fff2cc"),
-                };
-                (fill, kind.to_string(), n.busid.clone().unwrap_or_default())
-            }
-            Item::Dev(DeviceId::Gpu(g)) => {
-                let gpu = &topo.gpus[*g];
-                let model = gpu
-                    .model
-                    .as_deref()
-                    .map(|m| format!(" {}", m.chars().take(14).collect::<String>()))
-                    .unwrap_or_default();
-                (
-                    "#d9ead3",
-                    format!("GPU{g}{model}"),
-                    gpu.busid.clone().unwrap_or_default(),
-                )
-            }
-            Item::Dev(DeviceId::Nic(n)) => {
-                let nic = &topo.nics[*n];
-                let sub = if nic.is_virtual {
-                    "virtual".to_string()
-                } else {
-                    nic.busid.clone().unwrap_or_default()
-                };
-                let l1 = if nic.busid.as_deref() == Some(nic.name.as_str()) {
-                    format!("NIC{n}")
-                } else {
-                    format!("NIC{n} {}", nic.name.chars().take(14).collect::<String>())
-                };
-                ("#cfe2f3", l1, sub)
-            }
-            Item::Dev(DeviceId::Numa(_)) => continue,
+}
+
+/// A box's fill and its two label lines; None for items not drawn as boxes.
+fn box_style(topo: &Topology, it: &Item) -> Option<(&'static str, String, String)> {
+    Some(match it {
+        Item::Pci(p) => {
+            let n = &topo.pci[*p];
+            let (kind, fill) = match n.kind {
+                PciKind::HostBridge => ("Host bridge", "#e0e0e0"),
+                _ => ("PCIe switch", "#fff2cc"),
+            };
+            (fill, kind.to_string(), n.busid.clone().unwrap_or_default())
+        }
+        Item::Dev(DeviceId::Gpu(g)) => {
+            let gpu = &topo.gpus[*g];
+            let model = gpu
+                .model
+                .as_deref()
+                .map(|m| format!(" {}", m.chars().take(14).collect::<String>()))
+                .unwrap_or_default();
+            (
+                "#d9ead3",
+                format!("GPU{g}{model}"),
+                gpu.busid.clone().unwrap_or_default(),
+            )
+        }
+        Item::Dev(DeviceId::Nic(n)) => {
+            let nic = &topo.nics[*n];
+            let sub = if nic.is_virtual {
+                "virtual".to_string()
+            } else {
+                nic.busid.clone().unwrap_or_default()
+            };
+            let l1 = if nic.busid.as_deref() == Some(nic.name.as_str()) {
+                format!("NIC{n}")
+            } else {
+                format!("NIC{n} {}", nic.name.chars().take(14).collect::<String>())
+            };
+            ("#cfe2f3", l1, sub)
+        }
+        Item::Dev(DeviceId::Numa(_)) => return None,
+    })
+}
+
+/// Every placed item as a labelled box.
+fn draw_boxes(s: &mut String, topo: &Topology, pos: &BTreeMap<Item, (f64, f64)>) {
+    for (it, &(cx, cy)) in pos {
+        let Some((fill, l1, l2)) = box_style(topo, it) else {
+            continue;
         };
         // Keep labels inside the box (about 6.5 px per character).
         let l1: String = l1.chars().take(18).collect();
@@ -572,12 +671,16 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
             esc(&l2)
         );
     }
-    // Chosen pairs: a curve per GPU↔NIC pair (dashed for extra rails) and
-    // outlines in the same colour; a box chosen by several ranks gets
-    // nested outlines.
-    let mut outlines: BTreeMap<Item, usize> = BTreeMap::new();
-    let mut outline = |s: &mut String, it: Item, (x, y): (f64, f64), color: &str, dash: &str| {
-        let k = outlines.entry(it).or_insert(0);
+}
+
+/// Coloured outlines around chosen boxes; a box chosen by several ranks gets
+/// nested outlines (up to four, then they repeat).
+#[derive(Default)]
+struct Outlines(BTreeMap<Item, usize>);
+
+impl Outlines {
+    fn draw(&mut self, s: &mut String, it: Item, (x, y): (f64, f64), color: &str, dash: &str) {
+        let k = self.0.entry(it).or_insert(0);
         let off = 2.0 + 4.0 * (*k % 4) as f64;
         *k += 1;
         let _ = writeln!(
@@ -588,7 +691,20 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
             BOX_W + 2.0 * off,
             BOX_H + 2.0 * off
         );
-    };
+    }
+}
+
+/// Chosen pairs: a curve per GPU↔NIC pair (dashed for extra rails) and
+/// outlines in the same colour, and below the frames the legend, one line
+/// per local rank in its colour.
+fn draw_bindings(
+    s: &mut String,
+    topo: &Topology,
+    shown: &[&Binding],
+    pos: &BTreeMap<Item, (f64, f64)>,
+    body_h: f64,
+) {
+    let mut outlines = Outlines::default();
     let mut ly = body_h + 10.0;
     let _ = writeln!(
         s,
@@ -620,10 +736,10 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
                     y1.max(y2) + bulge
                 );
             }
-            outline(&mut s, nic_item, npos, color, dash);
+            outlines.draw(s, nic_item, npos, color, dash);
         }
         if let (Some(p), Some(g)) = (gpos, &b.gpu) {
-            outline(&mut s, Item::Dev(DeviceId::Gpu(g.index)), p, color, "");
+            outlines.draw(s, Item::Dev(DeviceId::Gpu(g.index)), p, color, "");
         }
         ly += 18.0;
         let _ = writeln!(
@@ -633,8 +749,6 @@ pub fn svg(topo: &Topology, bindings: &[Binding]) -> String {
             esc(&binding_summary(topo, b))
         );
     }
-    s.push_str("</svg>\n");
-    s
 }
 
 #[cfg(test)]

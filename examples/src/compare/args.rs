@@ -1,0 +1,164 @@
+//! railcompare's command line: its own options, then railperf's after `--`.
+
+pub const USAGE: &str = "usage: railcompare -np N [options] -- RAILPERF-ARGS...
+  -np, -n N              number of ranks (both libraries)
+  --hostfile F           hostfile (Open MPI syntax; passed to mpirun and railrun)
+  -H, --host LIST        host list, e.g. nodeA:2,nodeB:2 (passed to both)
+  --ssh CMD              remote shell: railrun --ssh CMD, mpirun --mca plm_rsh_agent CMD
+  --mpirun CMD           the mpirun to use (default: mpirun)
+  --mpirun-args \"...\"    more mpirun arguments (shell-style quoting)
+  --railrun-args \"...\"   more railrun arguments
+  --rounds N             sweeps per library, alternating ABBA (default 3)
+  --no-yield             do not pass --mca mpi_yield_when_idle 1 to mpirun
+  --svg FILE             bus bandwidth against size, both libraries (SVG)
+  --json FILE            medians, ratios and raw runs (JSON)
+  -v, --verbose          also print every run's own table
+  --dry-run              print the commands, run nothing
+  -h, --help
+example: railcompare -np 4 --svg ar.svg -- allreduce -b 8 -e 256M -f 2 -n 20 -w 5";
+
+#[derive(Default, Debug)]
+pub struct Args {
+    pub np: usize,
+    pub hostfile: Option<String>,
+    pub hosts: Option<String>,
+    pub ssh: Option<String>,
+    pub mpirun: String,
+    pub mpirun_args: Vec<String>,
+    pub railrun_args: Vec<String>,
+    pub rounds: usize,
+    pub yield_idle: bool,
+    pub svg: Option<String>,
+    pub json: Option<String>,
+    pub verbose: bool,
+    pub dry_run: bool,
+    pub perf: Vec<String>,
+}
+
+/// Split a string like a POSIX shell would (quotes and backslashes; no expansion): railrun's
+/// own `--ssh` splitter.
+fn split_words(s: &str) -> Result<Vec<String>, String> {
+    railrun::cli::split_words(s).map_err(|e| e.to_string())
+}
+
+pub fn parse_args(argv: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        mpirun: "mpirun".into(),
+        rounds: 3,
+        yield_idle: true,
+        ..Default::default()
+    };
+    let mut i = 0;
+    while i < argv.len() {
+        let arg = &argv[i];
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with('-') => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut val = |name: &str| -> Result<String, String> {
+            if let Some(v) = &inline {
+                return Ok(v.clone());
+            }
+            i += 1;
+            argv.get(i)
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "--" => {
+                a.perf = argv[i + 1..].to_vec();
+                break;
+            }
+            "-np" | "-n" | "--np" | "-c" => {
+                let v = val(&flag)?;
+                a.np = v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0 && n < (1 << 20))
+                    .ok_or(format!("{flag}: '{v}' is not a rank count"))?;
+            }
+            "--hostfile" | "--machinefile" => a.hostfile = Some(val(&flag)?),
+            "-H" | "--host" | "--hosts" => a.hosts = Some(val(&flag)?),
+            "--ssh" | "--rsh" => a.ssh = Some(val(&flag)?),
+            "--mpirun" => a.mpirun = val(&flag)?,
+            "--mpirun-args" => a.mpirun_args.extend(split_words(&val(&flag)?)?),
+            "--railrun-args" => a.railrun_args.extend(split_words(&val(&flag)?)?),
+            "--rounds" => {
+                let v = val(&flag)?;
+                a.rounds = v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| (1..=100).contains(&n))
+                    .ok_or(format!("--rounds: '{v}' is not a number from 1 to 100"))?;
+            }
+            "--no-yield" => a.yield_idle = false,
+            "--svg" => a.svg = Some(val(&flag)?),
+            "--json" => a.json = Some(val(&flag)?),
+            "-v" | "--verbose" => a.verbose = true,
+            "--dry-run" => a.dry_run = true,
+            "-h" | "--help" => return Err(String::new()),
+            f if !f.starts_with('-') => {
+                // the benchmark's arguments without a `--`
+                a.perf = argv[i..].to_vec();
+                break;
+            }
+            f => {
+                return Err(format!(
+                    "unknown option '{f}' (benchmark arguments go after --)"
+                ))
+            }
+        }
+        i += 1;
+    }
+    if a.np == 0 {
+        return Err("-np N is required".into());
+    }
+    if a.hostfile.is_some() && a.hosts.is_some() {
+        return Err("give --hostfile or -H, not both".into());
+    }
+    if a.perf.is_empty() {
+        return Err(
+            "no benchmark arguments: add -- allreduce -b 8 -e 256M -f 2 (railperf's flags)".into(),
+        );
+    }
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words() {
+        assert_eq!(
+            split_words(r#"--mca btl "self,tcp" -x 'A=b c' d\ e"#).unwrap(),
+            vec!["--mca", "btl", "self,tcp", "-x", "A=b c", "d e"]
+        );
+        assert!(split_words("'open").is_err());
+    }
+
+    #[test]
+    fn args() {
+        let v: Vec<String> = [
+            "-np",
+            "4",
+            "--rounds",
+            "3",
+            "--ssh",
+            "ssh -F c",
+            "--",
+            "allreduce",
+            "-b",
+            "8",
+        ]
+        .map(String::from)
+        .to_vec();
+        let a = parse_args(&v).unwrap();
+        assert_eq!(a.np, 4);
+        assert_eq!(a.rounds, 3);
+        assert_eq!(a.perf, vec!["allreduce", "-b", "8"]);
+        assert!(parse_args(&["--".to_string(), "allreduce".into()]).is_err());
+    }
+}
