@@ -14,6 +14,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use railring::config::{bind_vars_from_env, topo_file_from_env};
 use railring::topology::{render, BindOptions, Topology};
 use railring::vars;
 
@@ -97,8 +98,9 @@ pub fn load(
             Ok((topo, opts))
         }
         None => {
-            let topo = Topology::discover().map_err(|e| e.to_string())?;
-            let mut opts = BindOptions::from_env().map_err(|e| e.to_string())?;
+            let topo = Topology::discover_from(topo_file_from_env().as_deref())
+                .map_err(|e| e.to_string())?;
+            let mut opts = bind_vars_from_env().options().map_err(|e| e.to_string())?;
             if let Some(b) = bind_to {
                 opts.bind_to = b
                     .parse()

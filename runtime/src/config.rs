@@ -2,9 +2,10 @@
 //! them). Bad values are errors naming the variable, never panics.
 
 use crate::error::{Error, Result};
-use crate::topology::PathClass;
+use crate::topology::{BindVars, PathClass, TopoError, Topology};
 use crate::vars;
 use railring_collectives::plan::Algo;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Most TCP connections one link may be striped over (`RAILRING_NET_STREAMS`).
@@ -44,6 +45,11 @@ pub struct Config {
     /// `RAILRING_HOST_ID`: ranks with different values are different nodes even on one machine
     /// (printable ASCII, at most 128 characters; see [`crate::machine::host_id`]).
     pub host_id: Option<String>,
+    /// `RAILRING_TOPO_FILE`: an NCCL or hwloc topology XML used instead of sysfs.
+    pub topo_file: Option<PathBuf>,
+    /// `RAILRING_BIND_TO`, `RAILRING_NIC_MAP` and `CUDA_VISIBLE_DEVICES`, as read; the topology
+    /// parses them when it binds ([`BindVars::options`]).
+    pub bind: BindVars,
 }
 
 /// `RAILRING_NET_GDR_LEVEL` (NCCL's `NCCL_NET_GDR_LEVEL` grammar): `LOC` (never), `PIX`,
@@ -111,6 +117,22 @@ fn log_filter() -> String {
     }
 }
 
+/// `RAILRING_TOPO_FILE` (non-empty), for [`Config::topo_file`] and `railrun topo`.
+pub fn topo_file_from_env() -> Option<PathBuf> {
+    std::env::var_os(vars::TOPO_FILE)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The binding variables, for [`Config::bind`] and `railrun topo`.
+pub fn bind_vars_from_env() -> BindVars {
+    BindVars {
+        bind_to: std::env::var_os(vars::BIND_TO),
+        nic_map: std::env::var_os(vars::NIC_MAP),
+        cuda_visible_devices: std::env::var_os("CUDA_VISIBLE_DEVICES"),
+    }
+}
+
 fn cost_model() -> Result<railring_collectives::cost::CostModel> {
     let mut m = railring_collectives::cost::CostModel::default_cpu();
     let cpus = std::thread::available_parallelism()
@@ -157,6 +179,11 @@ pub fn parse_size(s: &str) -> Option<u64> {
 }
 
 impl Config {
+    /// This machine's topology, from [`Config::topo_file`] or sysfs.
+    pub fn topology(&self) -> std::result::Result<Topology, TopoError> {
+        Topology::discover_from(self.topo_file.as_deref())
+    }
+
     pub fn from_env() -> Result<Config> {
         let algo = match var(vars::ALGO) {
             None => None,
@@ -193,6 +220,8 @@ impl Config {
                         .collect::<String>()
                 })
                 .filter(|v| !v.is_empty()),
+            topo_file: topo_file_from_env(),
+            bind: bind_vars_from_env(),
         })
     }
 }

@@ -680,9 +680,9 @@ fn live_discovery_gives_a_binding() {
 #[test]
 fn railring_topo_file_replaces_sysfs() {
     std::env::set_var("RAILRING_TOPO_FILE", P4D);
-    let t = Topology::discover();
+    let cfg = railring::config::Config::from_env();
     std::env::remove_var("RAILRING_TOPO_FILE");
-    let t = t.unwrap();
+    let t = cfg.unwrap().topology().unwrap();
     assert_eq!(t.source, format!("nccl-xml:{P4D}"));
     assert_eq!(t.gpus.len(), 8);
     let t = Topology::discover_from(Some(Path::new(SL390))).unwrap();

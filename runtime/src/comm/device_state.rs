@@ -73,8 +73,11 @@ fn gpudirect_verdict(g: &Inner, ctx: &Arc<CudaContext>) -> std::result::Result<(
     let hca = net.hca_for_rail(g.rail).to_string();
     let busid = crate::transport::cuda::bus_id(ctx.cu_device())
         .map_err(|e| format!("PCI bus id of GPU {}: {e}", ctx.ordinal()))?;
-    let topo =
-        crate::topology::Topology::discover().map_err(|e| format!("topology unknown ({e})"))?;
+    let topo = g
+        .world
+        .cfg
+        .topology()
+        .map_err(|e| format!("topology unknown ({e})"))?;
     let path = gpu_nic_path(&topo, &busid, &hca);
     if !gpudirect_at(path, Some(level)) {
         return Err(format!(

@@ -184,7 +184,7 @@ impl Communicator {
         let net = world.net.as_deref();
         let rails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
         let rail = if comm == 1 {
-            Self::bind(rank, local_rank, local.len(), net)
+            Self::bind(rank, local_rank, local.len(), net, &world.cfg)
         } else {
             // sub-communicators keep the process's binding and rail
             parent_rail.unwrap_or(local_rank % rails)
@@ -227,12 +227,18 @@ impl Communicator {
     /// Bind this process (CPUs from the topology) and pick its rail: the NIC the topology chose
     /// for this local rank when every local rank's NIC is one of the rail interfaces, else local
     /// rank i -> rail i mod R. Topology problems are logged, never fatal.
-    fn bind(rank: usize, local_rank: usize, local_size: usize, net: Option<&TcpNet>) -> usize {
-        use crate::topology::{apply_cpu_binding, BindOptions, Topology};
+    fn bind(
+        rank: usize,
+        local_rank: usize,
+        local_size: usize,
+        net: Option<&TcpNet>,
+        cfg: &Config,
+    ) -> usize {
+        use crate::topology::apply_cpu_binding;
         let nrails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
         let fallback = local_rank % nrails;
-        let bindings = Topology::discover().and_then(|t| {
-            BindOptions::from_env().and_then(|mut o| {
+        let bindings = cfg.topology().and_then(|t| {
+            cfg.bind.options().and_then(|mut o| {
                 // choose among the rail interfaces only
                 o.nic_allow = net.map(|n| n.rails.iter().map(|r| r.ifname.clone()).collect());
                 t.bindings(local_size, &o)

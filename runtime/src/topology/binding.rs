@@ -204,15 +204,25 @@ pub struct BindOptions {
     pub nic_allow: Option<Vec<String>>,
 }
 
-impl BindOptions {
-    /// From the environment: `RAILRING_BIND_TO` (the launcher exports
-    /// `--bind-to` as this), `RAILRING_NIC_MAP`, `CUDA_VISIBLE_DEVICES`, and
-    /// the allowed CPUs from `sched_getaffinity`.
-    pub fn from_env() -> Result<BindOptions, TopoError> {
-        let get = |k: &str| -> Result<Option<String>, TopoError> {
-            match std::env::var_os(k) {
+/// The raw values the binding options come from: `RAILRING_BIND_TO` (the launcher exports
+/// `--bind-to` as this), `RAILRING_NIC_MAP` and `CUDA_VISIBLE_DEVICES`, as read by
+/// [`crate::config`] (this module never reads the environment).
+#[derive(Clone, Debug, Default)]
+pub struct BindVars {
+    pub bind_to: Option<std::ffi::OsString>,
+    pub nic_map: Option<std::ffi::OsString>,
+    pub cuda_visible_devices: Option<std::ffi::OsString>,
+}
+
+impl BindVars {
+    /// The binding options these values ask for, with the allowed CPUs from
+    /// `sched_getaffinity`. A value that is not UTF-8 or too long is an error naming its
+    /// variable.
+    pub fn options(&self) -> Result<BindOptions, TopoError> {
+        let get = |k: &str, v: &Option<std::ffi::OsString>| -> Result<Option<String>, TopoError> {
+            match v {
                 None => Ok(None),
-                Some(v) => match v.into_string() {
+                Some(v) => match v.clone().into_string() {
                     Ok(s) if s.len() <= MAX_ENV_LEN => Ok(Some(s)),
                     _ => Err(TopoError::Env {
                         var: k.to_string(),
@@ -222,13 +232,15 @@ impl BindOptions {
             }
         };
         BindOptions::from_values(
-            get(vars::BIND_TO)?.as_deref(),
-            get(vars::NIC_MAP)?.as_deref(),
-            get("CUDA_VISIBLE_DEVICES")?.as_deref(),
+            get(vars::BIND_TO, &self.bind_to)?.as_deref(),
+            get(vars::NIC_MAP, &self.nic_map)?.as_deref(),
+            get("CUDA_VISIBLE_DEVICES", &self.cuda_visible_devices)?.as_deref(),
             process_allowed_cpus().ok(),
         )
     }
+}
 
+impl BindOptions {
     /// From explicit values (empty strings count as unset for the bind
     /// mode and the NIC map; an empty `CUDA_VISIBLE_DEVICES` hides all GPUs).
     pub fn from_values(
@@ -875,25 +887,4 @@ pub fn apply_cpu_binding(cpus: &[usize]) -> Result<(), TopoError> {
         })?;
     }
     sched_setaffinity(Pid::from_raw(0), &set).map_err(|e| err(e.to_string()))
-}
-
-/// What the runtime does at start-up for one local rank: discover the
-/// topology ([`Topology::discover`]), compute the bindings of all local
-/// ranks from the environment ([`BindOptions::from_env`]), apply this rank's
-/// CPU binding and return it (its `nics[0].netdev` is the TCP rail).
-pub fn bind_local_rank(local_rank: usize, local_size: usize) -> Result<Binding, TopoError> {
-    let topo = Topology::discover()?;
-    let opts = BindOptions::from_env()?;
-    let size = local_size.max(local_rank + 1);
-    let mut all = topo.bindings(size, &opts)?;
-    if local_rank >= all.len() {
-        return Err(TopoError::LocalSize {
-            found: local_rank,
-            max: MAX_LOCAL_SIZE,
-        });
-    }
-    let b = all.swap_remove(local_rank);
-    apply_cpu_binding(&b.cpus)?;
-    tracing::debug!(local_rank, reason = %b.reason, "topology binding");
-    Ok(b)
 }

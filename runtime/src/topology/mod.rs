@@ -29,7 +29,7 @@ mod util;
 use std::path::Path;
 
 pub use binding::{
-    apply_cpu_binding, bind_local_rank, process_allowed_cpus, BindOptions, BindTo, Binding, GpuRef,
+    apply_cpu_binding, process_allowed_cpus, BindOptions, BindTo, BindVars, Binding, GpuRef,
     NicMap, NicRef, MAX_LOCAL_SIZE,
 };
 pub use model::{DeviceId, Gpu, Nic, NumaNode, PciKind, PciNode, Topology};
@@ -158,15 +158,9 @@ fn parse_xml<'a>(text: &'a str, name: &str) -> Result<roxmltree::Document<'a>, T
 }
 
 impl Topology {
-    /// This node's topology: the file named by `RAILRING_TOPO_FILE` when set
-    /// (non-empty), else live sysfs.
-    pub fn discover() -> Result<Topology, TopoError> {
-        let file = std::env::var_os(crate::vars::TOPO_FILE).filter(|v| !v.is_empty());
-        Topology::discover_from(file.as_deref().map(Path::new))
-    }
-
-    /// Like [`Topology::discover`] with the file given explicitly (`None`:
-    /// sysfs). NICs the file names only by bus id get their interface names
+    /// The topology of this machine: from `topo_file` (an NCCL or hwloc XML,
+    /// `RAILRING_TOPO_FILE`, see [`crate::config`]) or, with `None`, from
+    /// sysfs. NICs the file names only by bus id get their interface names
     /// from the live sysfs when the same bus id exists here.
     pub fn discover_from(topo_file: Option<&Path>) -> Result<Topology, TopoError> {
         match topo_file {
