@@ -13,8 +13,9 @@
 //!   staged and reduced by the [`DataMem`] (a device kernel), descriptors stay host memory.
 
 use crate::error::{Error, Result};
-use crate::transport::shm::{NodeMode, DESC};
-use crate::transport::{Backoff, DataMem, Link, LinkError, MemKind, NodeFabric};
+use crate::transport::{
+    Backoff, DataMem, Link, LinkError, MemKind, NodeFabric, NodeMode, NodeOp, DESC,
+};
 use railring_collectives::plan::{Buf, CollKind, Plan, Region, Step};
 use railring_collectives::{kernels, DataType, ReduceOp};
 use std::collections::HashSet;
@@ -377,27 +378,16 @@ impl<'a> Executor<'a> {
         } else {
             &heap
         };
-        match src {
-            Some(p) => fabric.node_op_from(
-                mode,
-                dtype,
-                op,
-                p,
-                bufs.work,
-                byte_slices,
-                d,
-                &CallDesc::describe_bytes,
-            ),
-            None => fabric.node_op(
-                mode,
-                dtype,
-                op,
-                bufs.work,
-                byte_slices,
-                d,
-                &CallDesc::describe_bytes,
-            ),
-        }
+        fabric.node_op(NodeOp {
+            mode,
+            dtype,
+            op,
+            src,
+            work: bufs.work,
+            slices: byte_slices,
+            desc: d,
+            describe: &CallDesc::describe_bytes,
+        })
     }
 
     /// Run a segmented two-level all-reduce as a software pipeline: `segs` are (element offset,

@@ -365,7 +365,7 @@ fn run_case_on(
                             }
                         }
                         host_hdr_bytes.fetch_add(
-                            (2 * pairs.len() * railring::transport::shm::DESC) as u64,
+                            (2 * pairs.len() * railring::transport::DESC) as u64,
                             Ordering::Relaxed,
                         );
                     }

@@ -24,8 +24,7 @@ pub mod gdr;
 pub mod ipc;
 pub mod kernels;
 
-use super::shm::{NodeMode, DESC};
-use super::{Backoff, NodeFabric};
+use super::{Backoff, NodeFabric, NodeMode, NodeOp, DESC};
 use crate::bootstrap::StoreClient;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
@@ -907,21 +906,23 @@ impl GpuFabric {
             .map_err(|e| self.err("average kernel", e))
     }
 
-    /// One in-node collective on device memory (`work` is a device address).
+    /// One in-node collective on device memory (`call.work` is a device address; the call is
+    /// in place).
     ///
     /// # Safety
-    /// `work` must be device memory of this fabric's device, valid over every slice.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn run(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        work: u64,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
+    /// `call.work` must be device memory of this fabric's device, valid over every slice.
+    pub unsafe fn run(&mut self, call: NodeOp<'_>) -> Result<()> {
+        let NodeOp {
+            mode,
+            dtype,
+            op,
+            work,
+            slices,
+            desc,
+            describe,
+            ..
+        } = call;
+        let work = work as u64;
         let l = self.ranks.len();
         let me = self.me;
         let esz = dtype.size();
@@ -1071,17 +1072,9 @@ impl NodeFabric for GpuFabric {
     fn ranks(&self) -> &[usize] {
         &self.ranks
     }
-    unsafe fn node_op(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
-        self.run(mode, dtype, op, work as u64, slices, desc, describe)
+    unsafe fn node_op(&mut self, call: NodeOp<'_>) -> Result<()> {
+        // this fabric does not read an out-of-place input directly: copy it in first
+        self.run(call.in_place())
     }
 }
 

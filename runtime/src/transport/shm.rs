@@ -6,7 +6,7 @@
 //! its pid, the descriptor of its current call); per rank three staging slots; one single-producer
 //! ring per ordered pair of local ranks for point-to-point [`ShmLink`]s.
 //!
-//! In-node collectives ([`ShmFabric::node_op`]) move data in chunks through the staging slots:
+//! In-node collectives ([`ShmFabric::run`], the [`super::NodeFabric`]) move data in chunks through the staging slots:
 //! each rank copies its chunk in, then **each rank reduces its own piece by reading every peer's
 //! slot directly** (no ring hops; its own piece straight from its input), then every rank copies
 //! the reduced pieces out. The all-reduce is software-pipelined: a rank copies chunk c+1 in
@@ -14,10 +14,9 @@
 //! slots are sized to stay in the last-level cache, so the memory traffic that reaches DRAM is
 //! about one read and one write of the user's buffer per rank.
 
-use super::{Link, LinkError};
+use super::{Link, LinkError, NodeMode, NodeOp, DESC};
 use crate::error::{Error, Result};
 use railring_collectives::kernels;
-use railring_collectives::{DataType, ReduceOp};
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -50,8 +49,6 @@ fn desc_digest(desc: &[u8; DESC]) -> u64 {
     }
     h
 }
-/// Descriptor bytes kept per rank for mismatch checks.
-pub const DESC: usize = 64;
 
 /// A mapped shared-memory segment.
 pub struct Segment {
@@ -323,21 +320,6 @@ impl Node {
     }
 }
 
-/// Which in-node collective to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeMode {
-    /// Reduce-scatter: afterwards local rank i's slice holds the node's reduction of it.
-    ReduceScatter,
-    /// All-gather: afterwards every slice holds its owner's data.
-    AllGather,
-    /// Reduce-scatter and all-gather fused (an in-node all-reduce), pipelined per chunk.
-    AllReduce,
-    /// Small all-reduce: every rank reduces the whole (small) buffer itself; one flag round.
-    AllReduceSmall,
-    /// Broadcast from local index `root` (used by node-level broadcast plans).
-    Broadcast { root: usize },
-}
-
 /// The in-node collective engine over a [`Node`] segment.
 pub struct ShmFabric {
     pub node: Arc<Node>,
@@ -466,24 +448,24 @@ impl ShmFabric {
     }
 
     /// Run one in-node collective (see [`super::NodeFabric::node_op`]), reading this rank's
-    /// input from `src` (same offsets as `work`; equal to `work` in place): an out-of-place call
-    /// costs no extra pass over memory. All ranks pass identical slices; `desc` describes the
-    /// call and peers' descriptors must match or the call fails naming both.
+    /// input from `call.src` when set (same offsets as `work`): an out-of-place call costs no
+    /// extra pass over memory. All ranks pass identical slices; `desc` describes the call and
+    /// peers' descriptors must match or the call fails naming both.
     ///
     /// # Safety
-    /// `src` valid for reads and `work` for reads and writes over every slice.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn node_op_from(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        src: *const u8,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
+    /// `call.src` valid for reads and `call.work` for reads and writes over every slice.
+    pub unsafe fn run(&mut self, call: NodeOp<'_>) -> Result<()> {
+        let NodeOp {
+            mode,
+            dtype,
+            op,
+            src: _,
+            work,
+            slices,
+            desc,
+            describe,
+        } = call;
+        let src = call.input();
         let l = self.local_size();
         let me = self.node.me;
         let esz = dtype.size();
@@ -501,15 +483,7 @@ impl ShmFabric {
             let bytes = slices.iter().map(|s| s.1).sum::<usize>();
             let base = slices.first().map(|s| s.0).unwrap_or(0);
             if bytes + SMALL_HDR <= slot {
-                return self.small_allreduce(
-                    dtype,
-                    op,
-                    src.add(base),
-                    work.add(base),
-                    bytes,
-                    desc,
-                    describe,
-                );
+                return self.small_allreduce(&call, src.add(base), work.add(base), bytes);
             }
         }
         let mode = if let NodeMode::AllReduceSmall = mode {
@@ -544,9 +518,7 @@ impl ShmFabric {
         let cap_elems = (piece_cap / esz).max(1);
         let nchunks = max_elems.div_ceil(cap_elems).max(1);
         if mode == NodeMode::AllReduce {
-            return self.allreduce_chunks(
-                dtype, op, src, work, slices, piece_cap, nchunks, stream, desc, describe,
-            );
+            return self.allreduce_chunks(&call, src, piece_cap, nchunks, stream);
         }
         for c in 0..nchunks {
             self.gen += 1;
@@ -653,21 +625,25 @@ impl ShmFabric {
     /// Slot reuse: chunk c+1 goes into the slot of chunk c-2. Before writing it, this rank saw
     /// every peer `ready` for chunk c, which a peer publishes only after copying chunk c-2 out —
     /// its last read of our slot for chunk c-2. Across calls, the last chunk waits for every
-    /// `reduced`, which keeps the invariant the other modes rely on (see [`Self::node_op_from`]).
-    #[allow(clippy::too_many_arguments)]
+    /// `reduced`, which keeps the invariant the other modes rely on (see [`Self::run`]).
+    /// `src`: the call's input ([`NodeOp::input`]).
     unsafe fn allreduce_chunks(
         &mut self,
-        dtype: DataType,
-        op: ReduceOp,
+        call: &NodeOp<'_>,
         src: *const u8,
-        work: *mut u8,
-        slices: &[(usize, usize)],
         piece_cap: usize,
         nchunks: usize,
         stream: bool,
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
+        let &NodeOp {
+            dtype,
+            op,
+            work,
+            slices,
+            desc,
+            describe,
+            ..
+        } = call;
         let l = self.local_size();
         let me = self.node.me;
         let esz = dtype.size();
@@ -734,17 +710,22 @@ impl ShmFabric {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The small all-reduce of `call`: `bytes` from `src` (its input) into `work`, both at the
+    /// first slice's offset.
     unsafe fn small_allreduce(
         &mut self,
-        dtype: DataType,
-        op: ReduceOp,
+        call: &NodeOp<'_>,
         src: *const u8,
         work: *mut u8,
         bytes: usize,
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
+        let &NodeOp {
+            dtype,
+            op,
+            desc,
+            describe,
+            ..
+        } = call;
         // One cache line carries flag, descriptor and (up to 48 bytes) data: the slot starts with
         // a header line [generation u64 | descriptor digest u64 | 48 inline bytes]; larger data
         // follows the line. A peer polls that line and, for the common tiny call, finds
@@ -755,7 +736,7 @@ impl ShmFabric {
         self.gen += 1;
         let g = self.gen;
         let s = (g % NSLOT as u64) as usize;
-        // (slot reuse needs no wait: see node_op_from)
+        // (slot reuse needs no wait: see run)
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
         let data_off = if bytes <= SMALL_INLINE { 16 } else { SMALL_HDR };
         let mine = self.node.stage(me, s);
@@ -788,7 +769,7 @@ impl ShmFabric {
     /// mismatch instead of waiting for a flag that never comes.
     ///
     /// # Safety
-    /// `s` < NSLOT; slot `s` is free for generation `g` (see [`Self::node_op_from`]).
+    /// `s` < NSLOT; slot `s` is free for generation `g` (see [`Self::run`]).
     unsafe fn publish_desc(&self, s: usize, g: u64, desc: &[u8; DESC], ready: bool) -> u64 {
         let digest = desc_digest(desc);
         let me = self.node.me;
@@ -852,30 +833,8 @@ impl super::NodeFabric for ShmFabric {
     fn ranks(&self) -> &[usize] {
         &self.node.ranks
     }
-    unsafe fn node_op(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
-        self.node_op_from(mode, dtype, op, work, work, slices, desc, describe)
-    }
-    unsafe fn node_op_from(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        src: *const u8,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
-        ShmFabric::node_op_from(self, mode, dtype, op, src, work, slices, desc, describe)
+    unsafe fn node_op(&mut self, call: NodeOp<'_>) -> Result<()> {
+        self.run(call)
     }
 }
 
