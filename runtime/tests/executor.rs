@@ -3,7 +3,7 @@
 //! by element against an exact reference, on every rank.
 
 use railring::executor::{Bufs, CallDesc, Executor, Links};
-use railring::transport::mem::{pair, MemLink};
+use railring::transport::pipe::{pair, PipeLink};
 use railring::transport::shm::{Geometry, Node, ShmFabric};
 use railring::transport::{DataMem, Link, LinkError, MemKind};
 use railring_collectives::build::{algorithms_for, build_plan};
@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-type Mailbox = Arc<Mutex<HashMap<(usize, usize, usize), MemLink>>>;
+type Mailbox = Arc<Mutex<HashMap<(usize, usize, usize), PipeLink>>>;
 
-struct MemLinks {
+struct PipeLinks {
     me: usize,
     mailbox: Mailbox,
     map: HashMap<(usize, usize), Box<dyn Link>>,
@@ -38,7 +38,7 @@ const DEV: MemKind = MemKind::Device { ordinal: 0 };
 /// A link that accepts "device" memory, which in this test is host memory: stands in for an
 /// RDMA link with device-resident rings (GPUDirect) so the executor's device path runs on CPU.
 struct DevLink {
-    inner: MemLink,
+    inner: PipeLink,
     counts: Arc<Counts>,
 }
 
@@ -118,7 +118,7 @@ impl DataMem for FakeDevice {
     }
 }
 
-impl Links for MemLinks {
+impl Links for PipeLinks {
     fn link(&mut self, peer: usize, chan: usize) -> railring::Result<*mut dyn Link> {
         if !self.map.contains_key(&(peer, chan)) {
             let mut mb = self.mailbox.lock().unwrap();
@@ -304,7 +304,7 @@ fn run_case_on(
                         .unwrap()
                     });
                     let mut fabric = node.map(|nd| ShmFabric::new(nd, Duration::from_secs(20)));
-                    let mut links = MemLinks {
+                    let mut links = PipeLinks {
                         me: rank,
                         mailbox,
                         map: HashMap::new(),
@@ -691,7 +691,7 @@ fn host_only_links_refuse_device_memory() {
     // an executor on device memory fails the call up front, naming the link
     let layout = Layout::block(2, 1);
     let plan = build_plan(CollKind::AllReduce, Algo::Ring, &layout, 0, 64, 0).unwrap();
-    let mut links = MemLinks {
+    let mut links = PipeLinks {
         me: 0,
         mailbox: Arc::new(Mutex::new(HashMap::new())),
         map: HashMap::new(),

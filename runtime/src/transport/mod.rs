@@ -14,7 +14,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod fabric;
-pub mod mem;
+pub mod pipe;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;
