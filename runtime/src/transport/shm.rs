@@ -6,10 +6,10 @@
 //! its pid, the descriptor of its current call); per rank three staging slots; one single-producer
 //! ring per ordered pair of local ranks for point-to-point [`ShmLink`]s.
 //!
-//! In-node collectives ([`ShmFabric::run`], the [`super::NodeFabric`]) move data in chunks through the staging slots:
-//! each rank copies its chunk in, then **each rank reduces its own piece by reading every peer's
-//! slot directly** (no ring hops; its own piece straight from its input), then every rank copies
-//! the reduced pieces out. The all-reduce is software-pipelined: a rank copies chunk c+1 in
+//! In-node collectives ([`ShmFabric::run`], the [`super::NodeFabric`]) move data in chunks
+//! through the staging slots: each rank copies its chunk in, then **each rank reduces its own
+//! piece by reading every peer's slot directly** (no ring hops; its own piece straight from its
+//! input), then every rank copies the reduced pieces out. The all-reduce is software-pipelined: a rank copies chunk c+1 in
 //! before it waits for the peers' reductions of chunk c, so no phase waits idle. The staging
 //! slots are sized to stay in the last-level cache, so the memory traffic that reaches DRAM is
 //! about one read and one write of the user's buffer per rank.
