@@ -6,7 +6,7 @@
 
 use crate::proto::RankSpec;
 use crate::spawn::{self, RankCommand, RankEvents};
-use railring::bootstrap::store::{self, Backend, ServerHandle};
+use railring::store::{self, Backend, ServerHandle};
 use railring::vars;
 use std::io;
 use std::net::TcpListener;

@@ -19,8 +19,8 @@ use std::sync::Mutex;
 pub const MAGIC: &[u8] = b"RAILRUN-AGENT-1";
 
 /// The largest frame accepted: room for the largest bootstrap-store frame
-/// (`railring::bootstrap::wire::MAX_FRAME`, 64 MiB) after base64 and JSON overhead.
-pub const MAX_FRAME: usize = (railring::bootstrap::wire::MAX_FRAME / 3 + 1) * 4 + 64 * 1024;
+/// (`railring::store::wire::MAX_FRAME`, 64 MiB) after base64 and JSON overhead.
+pub const MAX_FRAME: usize = (railring::store::wire::MAX_FRAME / 3 + 1) * 4 + 64 * 1024;
 
 /// Longest bytes of output forwarded as one line: a longer line is forwarded in pieces of this size.
 pub const MAX_LINE: usize = 1 << 20;
@@ -144,7 +144,7 @@ pub enum Msg {
     },
     /// launcher → agent: rank 0's stdin reached its end.
     StdinEof,
-    /// agent → launcher: a bootstrap-store request (`railring::bootstrap::wire` encoding) from
+    /// agent → launcher: a bootstrap-store request (`railring::store::wire` encoding) from
     /// one of the agent's ranks; `conn` names the relay connection, `id` the request.
     StoreReq {
         conn: u64,

@@ -50,6 +50,14 @@ pub struct Config {
     /// `RAILRING_BIND_TO`, `RAILRING_NIC_MAP` and `CUDA_VISIBLE_DEVICES`, as read; the topology
     /// parses them when it binds ([`BindVars::options`]).
     pub bind: BindVars,
+    /// `RAILRING_NET` (`ib`, `socket`, `auto`) and `RAILRING_IB_HCA` (NCCL grammar), parsed by
+    /// `transport::rdma` when it selects the network (feature `rdma`).
+    pub net: Option<String>,
+    pub ib_hca: Option<String>,
+    /// `RAILRING_IB_GID_INDEX` (RoCE; default 0).
+    pub ib_gid_index: u8,
+    /// `RAILRING_GPU_SLOT` (bytes; the CUDA fabric clamps it to 64 KiB..1 GiB).
+    pub gpu_slot: Option<u64>,
 }
 
 /// `RAILRING_NET_GDR_LEVEL` (NCCL's `NCCL_NET_GDR_LEVEL` grammar): `LOC` (never), `PIX`,
@@ -222,6 +230,12 @@ impl Config {
                 .filter(|v| !v.is_empty()),
             topo_file: topo_file_from_env(),
             bind: bind_vars_from_env(),
+            net: var(vars::NET),
+            ib_hca: var(vars::IB_HCA),
+            ib_gid_index: var(vars::IB_GID_INDEX)
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0),
+            gpu_slot: var(vars::GPU_SLOT).and_then(|v| parse_size(&v)),
         })
     }
 }

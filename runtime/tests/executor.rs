@@ -3,7 +3,7 @@
 //! by element against an exact reference, on every rank.
 
 use railring::executor::{Bufs, CallDesc, Executor, Links};
-use railring::transport::mem::{pair, MemLink};
+use railring::transport::pipe::{pair, PipeLink};
 use railring::transport::shm::{Geometry, Node, ShmFabric};
 use railring::transport::{DataMem, Link, LinkError, MemKind};
 use railring_collectives::build::{algorithms_for, build_plan};
@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
-type Mailbox = Arc<Mutex<HashMap<(usize, usize, usize), MemLink>>>;
+type Mailbox = Arc<Mutex<HashMap<(usize, usize, usize), PipeLink>>>;
 
-struct MemLinks {
+struct PipeLinks {
     me: usize,
     mailbox: Mailbox,
     map: HashMap<(usize, usize), Box<dyn Link>>,
@@ -38,7 +38,7 @@ const DEV: MemKind = MemKind::Device { ordinal: 0 };
 /// A link that accepts "device" memory, which in this test is host memory: stands in for an
 /// RDMA link with device-resident rings (GPUDirect) so the executor's device path runs on CPU.
 struct DevLink {
-    inner: MemLink,
+    inner: PipeLink,
     counts: Arc<Counts>,
 }
 
@@ -118,7 +118,7 @@ impl DataMem for FakeDevice {
     }
 }
 
-impl Links for MemLinks {
+impl Links for PipeLinks {
     fn link(&mut self, peer: usize, chan: usize) -> railring::Result<*mut dyn Link> {
         if !self.map.contains_key(&(peer, chan)) {
             let mut mb = self.mailbox.lock().unwrap();
@@ -198,36 +198,45 @@ fn reference(op: ReduceOp, vals: &[i64], n: usize, dtype: DataType) -> i64 {
     r
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_case(
+/// One case: a collective call of `count` elements (`root` where it has one) run with `algo`
+/// by every rank of `layout`, twice, checked on every rank element by element.
+struct Case<'a> {
     kind: CollKind,
     algo: Algo,
-    layout: &Layout,
+    layout: &'a Layout,
     count: usize,
     root: usize,
     dtype: DataType,
     op: ReduceOp,
+    /// Bytes of a shared-memory staging slot.
     slot: usize,
-) {
-    run_case_on(kind, algo, layout, count, root, dtype, op, slot, false);
 }
 
-/// `device`: run the two-level all-reduce the way device collectives across nodes do — the
-/// plan split into in-node / network / in-node parts, the network part on "device" memory
-/// through a `DataMem` and device-capable links — and check that data crossed the links only as
-/// device memory (host bytes on the links are the call descriptors, nothing else).
-#[allow(clippy::too_many_arguments)]
-fn run_case_on(
-    kind: CollKind,
-    algo: Algo,
-    layout: &Layout,
-    count: usize,
-    root: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    slot: usize,
-    device: bool,
-) {
+impl Case<'_> {
+    fn run(&self) {
+        run_case(self, false);
+    }
+
+    /// Run the two-level all-reduce the way device collectives across nodes do — the plan
+    /// split into in-node / network / in-node parts, the network part on "device" memory
+    /// through a `DataMem` and device-capable links — and check that data crossed the links
+    /// only as device memory (host bytes on the links are the call descriptors, nothing else).
+    fn run_on_device(&self) {
+        run_case(self, true);
+    }
+}
+
+fn run_case(case: &Case<'_>, device: bool) {
+    let &Case {
+        kind,
+        algo,
+        layout,
+        count,
+        root,
+        dtype,
+        op,
+        slot,
+    } = case;
     let n = layout.size();
     let counts = Arc::new(Counts::default());
     let host_hdr_bytes = AtomicU64::new(0);
@@ -304,7 +313,7 @@ fn run_case_on(
                         .unwrap()
                     });
                     let mut fabric = node.map(|nd| ShmFabric::new(nd, Duration::from_secs(20)));
-                    let mut links = MemLinks {
+                    let mut links = PipeLinks {
                         me: rank,
                         mailbox,
                         map: HashMap::new(),
@@ -365,7 +374,7 @@ fn run_case_on(
                             }
                         }
                         host_hdr_bytes.fetch_add(
-                            (2 * pairs.len() * railring::transport::shm::DESC) as u64,
+                            (2 * pairs.len() * railring::transport::DESC) as u64,
                             Ordering::Relaxed,
                         );
                     }
@@ -551,16 +560,17 @@ fn all_reduce_every_algorithm_n_1_to_16() {
                     if build_plan(CollKind::AllReduce, algo, &layout, 0, count, 0).is_err() {
                         continue;
                     }
-                    run_case(
-                        CollKind::AllReduce,
+                    Case {
+                        kind: CollKind::AllReduce,
                         algo,
-                        &layout,
+                        layout: &layout,
                         count,
-                        0,
-                        DataType::I32,
-                        ReduceOp::Sum,
-                        4096,
-                    );
+                        root: 0,
+                        dtype: DataType::I32,
+                        op: ReduceOp::Sum,
+                        slot: 4096,
+                    }
+                    .run();
                 }
             }
         }
@@ -578,16 +588,17 @@ fn all_reduce_dtypes_ops_and_multi_chunk() {
             DataType::I64,
         ] {
             for op in ReduceOp::ALL {
-                run_case(
-                    CollKind::AllReduce,
-                    Algo::TwoLevel,
-                    &layout,
-                    5003,
-                    0,
+                Case {
+                    kind: CollKind::AllReduce,
+                    algo: Algo::TwoLevel,
+                    layout: &layout,
+                    count: 5003,
+                    root: 0,
                     dtype,
                     op,
-                    4096,
-                );
+                    slot: 4096,
+                }
+                .run();
             }
         }
     }
@@ -611,16 +622,17 @@ fn other_kinds_every_algorithm() {
                         if build_plan(kind, algo, &layout, 0, count, root).is_err() {
                             continue;
                         }
-                        run_case(
+                        Case {
                             kind,
                             algo,
-                            &layout,
+                            layout: &layout,
                             count,
                             root,
-                            DataType::F32,
-                            ReduceOp::Sum,
-                            4096,
-                        );
+                            dtype: DataType::F32,
+                            op: ReduceOp::Sum,
+                            slot: 4096,
+                        }
+                        .run();
                     }
                 }
             }
@@ -640,17 +652,17 @@ fn device_network_steps_move_device_memory_only() {
         Layout::block(8, 4),
     ] {
         for count in [0, 1, 5, 1000, 5003] {
-            run_case_on(
-                CollKind::AllReduce,
-                Algo::TwoLevel,
-                &layout,
+            Case {
+                kind: CollKind::AllReduce,
+                algo: Algo::TwoLevel,
+                layout: &layout,
                 count,
-                0,
-                DataType::F32,
-                ReduceOp::Sum,
-                4096,
-                true,
-            );
+                root: 0,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                slot: 4096,
+            }
+            .run_on_device();
         }
     }
     for dtype in [
@@ -661,17 +673,17 @@ fn device_network_steps_move_device_memory_only() {
         DataType::I32,
     ] {
         for op in ReduceOp::ALL {
-            run_case_on(
-                CollKind::AllReduce,
-                Algo::TwoLevel,
-                &Layout::block(4, 2),
-                3001,
-                0,
+            Case {
+                kind: CollKind::AllReduce,
+                algo: Algo::TwoLevel,
+                layout: &Layout::block(4, 2),
+                count: 3001,
+                root: 0,
                 dtype,
                 op,
-                4096,
-                true,
-            );
+                slot: 4096,
+            }
+            .run_on_device();
         }
     }
 }
@@ -691,7 +703,7 @@ fn host_only_links_refuse_device_memory() {
     // an executor on device memory fails the call up front, naming the link
     let layout = Layout::block(2, 1);
     let plan = build_plan(CollKind::AllReduce, Algo::Ring, &layout, 0, 64, 0).unwrap();
-    let mut links = MemLinks {
+    let mut links = PipeLinks {
         me: 0,
         mailbox: Arc::new(Mutex::new(HashMap::new())),
         map: HashMap::new(),

@@ -4,11 +4,11 @@
 //! otherwise).
 #![cfg(feature = "rdma")]
 
-use railring::bootstrap::{store, Store, StoreClient};
+use railring::store::{self, Store, StoreClient};
 use railring::transport::rdma::flow::{Flow, FlowConfig};
 use railring::transport::rdma::hca::HcaFilter;
 use railring::transport::rdma::{
-    probe_hcas, select_net_from_env, select_net_with, HcaPort, NetChoice, NetSelection, RdmaNet,
+    probe_hcas, select_net_from, select_net_with, HcaPort, NetChoice, NetSelection, RdmaNet,
 };
 use railring::transport::Link;
 use std::io;
@@ -53,17 +53,24 @@ fn devices_error_falls_back_to_socket() {
 fn environment_knobs() {
     std::env::remove_var("RAILRING_IB_HCA");
     std::env::set_var("RAILRING_NET", "socket");
-    assert_eq!(select_net_from_env().unwrap(), NetSelection::Socket(None));
+    assert_eq!(
+        select_net_from(&railring::config::Config::from_env().unwrap()).unwrap(),
+        NetSelection::Socket(None)
+    );
     std::env::set_var("RAILRING_NET", "carrier-pigeon");
-    let e = select_net_from_env().unwrap_err().to_string();
+    let e = select_net_from(&railring::config::Config::from_env().unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("RAILRING_NET"), "{e}");
     std::env::set_var("RAILRING_NET", "ib");
     std::env::set_var("RAILRING_IB_HCA", "mlx5_0:x");
-    let e = select_net_from_env().unwrap_err().to_string();
+    let e = select_net_from(&railring::config::Config::from_env().unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("RAILRING_IB_HCA"), "{e}");
     std::env::set_var("RAILRING_IB_HCA", "mlx5");
     // This machine: ib requested; without RDMA this is TCP with a reason, never a crash.
-    match select_net_from_env().unwrap() {
+    match select_net_from(&railring::config::Config::from_env().unwrap()).unwrap() {
         NetSelection::Socket(why) => eprintln!("RAILRING_NET=ib here: TCP ({why:?})"),
         NetSelection::Ib(h) => eprintln!("RAILRING_NET=ib here: {h:?}"),
     }
@@ -100,7 +107,7 @@ fn loopback_link_on_hardware() {
             return;
         }
     };
-    let net = RdmaNet::open(&hcas[..1]).unwrap();
+    let net = RdmaNet::open(&hcas[..1], 0).unwrap();
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let srv = store::serve(l, "k", Store::new()).unwrap();
     let st = Arc::new(

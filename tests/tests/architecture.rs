@@ -270,8 +270,9 @@ fn collectives_do_no_io() {
 }
 
 /// Where the runtime may read the environment: its knobs in `config`, the launcher's variables
-/// in the launch detection.
-const ENV_READERS: &[&str] = &["config", "bootstrap::launch"];
+/// in the launch detection — and the CUDA toolkit's own `CUDA_HOME` / `CUDA_PATH`, which the
+/// device kernels' compiler needs when (and only if) it first compiles them.
+const ENV_READERS: &[&str] = &["config", "bootstrap::launch", "transport::cuda::kernels"];
 
 #[test]
 fn only_config_and_launch_detection_read_the_environment() {

@@ -2,7 +2,7 @@
 //! rank (rr-collcheck), through railrun and through a hand-made launch; and the promised errors:
 //! mismatched calls, a dead peer, a stalled peer — over shared memory and over TCP.
 
-use railring::bootstrap::{auth, store, Store};
+use railring::store::{self, auth, Store};
 use railring_tests::proc::read_text;
 use std::net::TcpListener;
 use std::process::{Command, Stdio};

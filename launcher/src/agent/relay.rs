@@ -4,8 +4,8 @@
 
 use super::Writer;
 use crate::proto::Msg;
-use railring::bootstrap::store::Backend;
-use railring::bootstrap::wire::{Request, Response};
+use railring::store::wire::{Request, Response};
+use railring::store::Backend;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -26,7 +26,7 @@ use crate::signals;
 use crate::spawn;
 use crate::stdio::Sink;
 use agents::Agent;
-use railring::bootstrap::store::Store;
+use railring::store::Store;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
@@ -49,7 +49,7 @@ pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
 /// A short unique job id, `[a-z0-9]{10}`.
 pub fn new_job_id() -> String {
     let mut b = [0u8; 10];
-    if railring::bootstrap::auth::random_bytes(&mut b).is_err() {
+    if railring::store::auth::random_bytes(&mut b).is_err() {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -266,7 +266,7 @@ impl<'a> Job<'a> {
                 done: false,
             });
         }
-        let secret = railring::bootstrap::auth::new_secret()
+        let secret = railring::store::auth::new_secret()
             .map_err(|e| format!("cannot create the job secret: {e}"))?;
         let (tx, rx) = mpsc::channel();
         Ok(Job {

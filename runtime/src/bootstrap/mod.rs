@@ -7,10 +7,10 @@ pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
-pub use crate::store::{self, auth, wire, Backend, Store, StoreClient, StoreError};
 pub use launch::Launch;
 
 use crate::error::{Error, Result};
+use crate::store::{self, Store, StoreClient};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -201,7 +201,7 @@ fn connect_any(
                             return;
                         }
                         // Something else listens there (another job, another host): give up on it.
-                        Err(e @ crate::bootstrap::StoreError::Auth { .. }) => {
+                        Err(e @ crate::store::StoreError::Auth { .. }) => {
                             let _ = tx.send((addr, Err(e.to_string())));
                             return;
                         }

@@ -4,10 +4,10 @@
 //! communicator and tells the peers (store abort record, node abort word, closed links).
 
 use super::PeerInfo;
-use crate::bootstrap::StoreClient;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::{Bufs, CallDesc, Executor};
+use crate::store::StoreClient;
 use crate::transport::links::LinkTable;
 use crate::transport::tcp::TcpNet;
 use crate::transport::NodeFabric;

@@ -221,6 +221,8 @@ fn ensure_state<'a>(
                 local: &local,
                 me,
                 timeout: g.world.cfg.timeout,
+                gpu_slot: g.world.cfg.gpu_slot,
+                topo_file: g.world.cfg.topo_file.as_deref(),
             };
             match gpu_fabric(&setup, ctx) {
                 Ok(p) => p,

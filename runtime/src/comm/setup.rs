@@ -4,10 +4,11 @@
 
 use super::call::{Inner, World};
 use super::{Communicator, PeerInfo, Shared};
-use crate::bootstrap::{self, Launch, Rendezvous, StoreClient};
+use crate::bootstrap::{self, Launch, Rendezvous};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::machine;
+use crate::store::StoreClient;
 use crate::transport::links::LinkTable;
 use crate::transport::shm::{segment_path, Geometry, Node, ShmFabric};
 use crate::transport::tcp::{discover_rails, TcpNet};
@@ -217,7 +218,8 @@ impl Communicator {
             g.links.set_rail(rail);
             #[cfg(feature = "rdma")]
             if nodes.len() > 1 {
-                g.links.set_rdma(crate::transport::rdma::select_net(rank)?);
+                let ib = crate::transport::rdma::select_net(rank, &g.world.cfg)?;
+                g.links.set_rdma(ib);
             }
         }
         tracing::info!(target: "railring::init", rank, size, "node {node_index} local rank {local_rank}/{}, rail {rail}", local.len());

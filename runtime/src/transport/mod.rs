@@ -7,19 +7,21 @@
 //! require (and cache) registrations through [`Link::register`]. Host-only links (shm, tcp)
 //! answer `supports(MemKind::Device{..}) == false` and the executor stages through host memory.
 //!
-//! In-node collectives do not go through links: the shared-memory [`shm::ShmFabric`] reads
-//! peers' data directly (each rank reduces its own slice), which is the point of the two-level
-//! algorithm.
+//! In-node collectives do not go through links: a [`NodeFabric`] (the shared-memory
+//! [`shm::ShmFabric`]) reads peers' data directly (each rank reduces its own slice), which is the
+//! point of the two-level algorithm.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod fabric;
 pub mod links;
-pub mod mem;
+pub mod pipe;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;
 pub mod tcp;
 
+pub use fabric::{NodeFabric, NodeMode, NodeOp, DESC};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
@@ -160,57 +162,6 @@ pub trait DataMem: Send {
         src: *const u8,
         n: usize,
     ) -> crate::Result<()>;
-}
-
-/// An in-node collective engine: the shared-memory fabric on CPU hosts; a CUDA IPC / NVLink
-/// fabric on GPU hosts. The executor hands it the plan's `NodeReduceScatter` / `NodeAllGather`
-/// steps (fused into one all-reduce where possible).
-pub trait NodeFabric: Send {
-    /// Communicator ranks on this node, in local-rank order.
-    fn ranks(&self) -> &[usize];
-    /// Run one in-node collective over byte slices of `work` (`slices[i]` owned by local index
-    /// i; identical on every member). `desc` identifies the call; peers whose descriptor
-    /// differs fail the call, described with `describe`.
-    ///
-    /// # Safety
-    /// `work` must be valid for reads and writes over every slice.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn node_op(
-        &mut self,
-        mode: shm::NodeMode,
-        dtype: railring_collectives::DataType,
-        op: railring_collectives::ReduceOp,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; shm::DESC],
-        describe: &dyn Fn(&[u8; shm::DESC]) -> String,
-    ) -> crate::Result<()>;
-
-    /// `node_op` with this rank's input read from `src` (same offsets as `work`) rather than
-    /// `work`, for out-of-place calls. The default copies first; fabrics that stage data anyway
-    /// read `src` directly.
-    ///
-    /// # Safety
-    /// `src` valid for reads and `work` for reads and writes over every slice.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn node_op_from(
-        &mut self,
-        mode: shm::NodeMode,
-        dtype: railring_collectives::DataType,
-        op: railring_collectives::ReduceOp,
-        src: *const u8,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; shm::DESC],
-        describe: &dyn Fn(&[u8; shm::DESC]) -> String,
-    ) -> crate::Result<()> {
-        if !std::ptr::eq(src, work) {
-            for &(o, n) in slices {
-                std::ptr::copy(src.add(o), work.add(o), n);
-            }
-        }
-        self.node_op(mode, dtype, op, work, slices, desc, describe)
-    }
 }
 
 static OVERSUBSCRIBED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

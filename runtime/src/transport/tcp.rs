@@ -5,7 +5,7 @@
 //! carries before any data flows.
 
 use super::{Link, LinkError};
-use crate::bootstrap::auth;
+use crate::store::auth;
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::HashMap;
@@ -246,6 +246,17 @@ pub struct TcpNet {
     secret: Vec<u8>,
 }
 
+/// What every connection of one outgoing link shares: the link's identity (communicator, our
+/// rank, channel), the rail we connect from, the peer's published addresses and the timeout.
+struct Dial<'a> {
+    comm: u64,
+    me: usize,
+    chan: usize,
+    my_rail: usize,
+    peer_addrs: &'a [RailAddr],
+    timeout: Duration,
+}
+
 impl TcpNet {
     /// Listen on every rail and accept authenticated data connections in the background.
     pub fn start(rails: Vec<Rail>, secret: &str) -> io::Result<Arc<TcpNet>> {
@@ -300,18 +311,18 @@ impl TcpNet {
         streams: usize,
     ) -> io::Result<TcpLink> {
         let streams = streams.clamp(1, MAX_STREAMS);
+        let dial = Dial {
+            comm,
+            me,
+            chan,
+            my_rail,
+            peer_addrs,
+            timeout,
+        };
         let mut socks = Vec::with_capacity(streams);
         let mut desc = String::new();
         for index in 0..streams {
-            let (s, d) = self.connect_one(
-                comm,
-                me,
-                chan,
-                my_rail,
-                peer_addrs,
-                timeout,
-                (index, streams),
-            )?;
+            let (s, d) = self.connect_one(&dial, (index, streams))?;
             socks.push(s);
             desc = d;
         }
@@ -321,17 +332,20 @@ impl TcpNet {
         TcpLink::new(socks, desc)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Make connection `index` of a link's `streams` (see [`Self::connect`]).
     fn connect_one(
         &self,
-        comm: u64,
-        me: usize,
-        chan: usize,
-        my_rail: usize,
-        peer_addrs: &[RailAddr],
-        timeout: Duration,
+        dial: &Dial<'_>,
         (index, streams): (usize, usize),
     ) -> io::Result<(TcpStream, String)> {
+        let &Dial {
+            comm,
+            me,
+            chan,
+            my_rail,
+            peer_addrs,
+            timeout,
+        } = dial;
         let rail = self.rails.get(my_rail % self.rails.len().max(1)).cloned();
         let target = rail
             .as_ref()

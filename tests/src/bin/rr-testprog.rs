@@ -193,7 +193,7 @@ fn main() {
 }
 
 fn store() {
-    use railring::bootstrap::StoreClient;
+    use railring::store::StoreClient;
     let addr = var("RAILRING_STORE_ADDR");
     let secret = var("RAILRING_JOB_SECRET");
     let world: usize = var("RAILRING_WORLD_SIZE").parse().unwrap_or(1);

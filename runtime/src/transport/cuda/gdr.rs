@@ -4,7 +4,8 @@
 //! ([`CudaRings`]). Nothing here runs without a driver: callers hold a context, which
 //! [`super::context`] only hands out when `libcuda` is present.
 
-use super::{cuda_err, launch_reduce, op_kernels, sm_count};
+use super::launch::sm_count;
+use super::{cuda_err, launch_reduce, op_kernels};
 use crate::error::Result;
 use crate::transport::{DataMem, MemKind};
 use cudarc::driver::{sys, CudaContext, CudaStream};

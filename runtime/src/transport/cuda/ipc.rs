@@ -6,8 +6,8 @@
 //! Keys live under `c<comm>/gpu/<epoch>/`: `desc/<local index>` and `verdict/<local index>`.
 //! Every member reads every record, so all ranks take the same decision (direct or staged).
 
-use crate::bootstrap::StoreClient;
 use crate::error::{Error, Result};
+use crate::store::StoreClient;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -239,8 +239,8 @@ pub fn plan_access(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bootstrap::store::serve;
-    use crate::bootstrap::Store;
+    use crate::store::serve;
+    use crate::store::Store;
     use std::net::TcpListener;
     use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! `RAILRING_IB_HCA`: which RDMA devices (and ports) carry traffic, in NCCL's `NCCL_IB_HCA`
+//! RDMA devices: a usable port ([`HcaPort`]), and `RAILRING_IB_HCA`: which RDMA devices (and ports) carry traffic, in NCCL's `NCCL_IB_HCA`
 //! grammar:
 //!
 //! - a comma-separated list of `name` or `name:port` entries (`mlx5_0:1,mlx5_1`);
@@ -11,6 +11,13 @@
 //! empty name) and reports it as an error naming the variable: never a panic.
 
 use std::fmt;
+
+/// One usable HCA port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HcaPort {
+    pub device: String,
+    pub port: u8,
+}
 
 /// One `name[:port]` entry.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,83 +11,23 @@
 //! - With `mem` set (GPUDirect RDMA: device buffers, device-resident link rings) the executor
 //!   runs only exchanges; data moves through the links' memory-kind calls, received chunks are
 //!   staged and reduced by the [`DataMem`] (a device kernel), descriptors stay host memory.
+//!
+//! Files: this one (the executor, plans step by step, in-node steps, the pipelined two-level
+//! all-reduce), `exchange.rs` (one `Exchange` step: the point-to-point engine), `desc.rs` (the
+//! call descriptor).
+
+mod desc;
+mod exchange;
+
+pub use desc::CallDesc;
 
 use crate::error::{Error, Result};
-use crate::transport::shm::{NodeMode, DESC};
-use crate::transport::{Backoff, DataMem, Link, LinkError, MemKind, NodeFabric};
-use railring_collectives::plan::{Buf, CollKind, Plan, Region, Step};
-use railring_collectives::{kernels, DataType, ReduceOp};
+use crate::transport::{DataMem, Link, LinkError, NodeFabric, NodeMode, NodeOp, DESC};
+use exchange::{ExchangeOp, Transfer};
+use railring_collectives::plan::{Buf, Plan, Region, Step, Xfer};
+use railring_collectives::{DataType, ReduceOp};
 use std::collections::HashSet;
 use std::time::Duration;
-
-/// The identity of one collective call, compared across ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CallDesc {
-    pub seq: u64,
-    pub kind: CollKind,
-    pub dtype: DataType,
-    pub op: ReduceOp,
-    pub count: u64,
-    pub root: u32,
-    pub comm: u64,
-}
-
-const HDR_MAGIC: u32 = 0x5252_4844; // "RRHD"
-
-impl CallDesc {
-    pub fn encode(&self) -> [u8; DESC] {
-        let mut b = [0u8; DESC];
-        b[0..4].copy_from_slice(&HDR_MAGIC.to_le_bytes());
-        b[4] = self.kind as u8;
-        b[5] = self.dtype as u8;
-        b[6] = self.op as u8;
-        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        b[16..24].copy_from_slice(&self.count.to_le_bytes());
-        b[24..28].copy_from_slice(&self.root.to_le_bytes());
-        b[32..40].copy_from_slice(&self.comm.to_le_bytes());
-        b
-    }
-
-    pub fn decode(b: &[u8; DESC]) -> Option<CallDesc> {
-        if u32::from_le_bytes(b[0..4].try_into().ok()?) != HDR_MAGIC {
-            return None;
-        }
-        Some(CallDesc {
-            kind: CollKind::from_u8(b[4])?,
-            dtype: DataType::from_u8(b[5])?,
-            op: ReduceOp::from_u8(b[6])?,
-            seq: u64::from_le_bytes(b[8..16].try_into().ok()?),
-            count: u64::from_le_bytes(b[16..24].try_into().ok()?),
-            root: u32::from_le_bytes(b[24..28].try_into().ok()?),
-            comm: u64::from_le_bytes(b[32..40].try_into().ok()?),
-        })
-    }
-
-    pub fn describe(&self) -> String {
-        let mut s = format!(
-            "{} #{} ({} x {}",
-            self.kind, self.seq, self.count, self.dtype
-        );
-        if matches!(
-            self.kind,
-            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
-        ) {
-            s.push_str(&format!(", op {}", self.op));
-        }
-        if matches!(self.kind, CollKind::Broadcast | CollKind::Reduce) {
-            s.push_str(&format!(", root {}", self.root));
-        }
-        s.push(')');
-        s
-    }
-
-    pub fn describe_bytes(b: &[u8; DESC]) -> String {
-        match CallDesc::decode(b) {
-            Some(d) => d.describe(),
-            None => "an unknown call (corrupt descriptor)".into(),
-        }
-    }
-}
 
 pub use crate::transport::links::{Links, DEVICE_CHAN, P2P_CHAN};
 
@@ -165,6 +105,39 @@ impl Bufs {
         // Rust knows of (the result is the same).
         Ok((base.wrapping_add(off), n))
     }
+
+    /// A plan's transfer as bytes of these buffers (`None` when it moves nothing). Its
+    /// descriptor goes first when it is the call's first with this (peer, channel), which
+    /// `seen` records.
+    fn transfer(
+        &self,
+        x: Option<&Xfer>,
+        esz: usize,
+        seen: &mut HashSet<(usize, usize)>,
+    ) -> Result<Option<Transfer<*mut u8>>> {
+        match x {
+            Some(x) if x.region.len > 0 => {
+                let (ptr, len) = self.region(&x.region, esz)?;
+                Ok(Some(Transfer {
+                    peer: x.peer,
+                    chan: x.chan,
+                    ptr,
+                    len,
+                    hdr: seen.insert((x.peer, x.chan)),
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// What every step of one call shares: its encoded descriptor (carried by the first transfer
+/// with each peer, compared by in-node peers), element type and reduction.
+#[derive(Clone, Copy)]
+struct StepCall<'d> {
+    desc: &'d [u8; DESC],
+    dtype: DataType,
+    op: ReduceOp,
 }
 
 impl<'a> Executor<'a> {
@@ -227,6 +200,11 @@ impl<'a> Executor<'a> {
         let mut hdr_sent: HashSet<(usize, usize)> = HashSet::new();
         let mut hdr_recv: HashSet<(usize, usize)> = HashSet::new();
         let d = desc.encode();
+        let call = StepCall {
+            desc: &d,
+            dtype,
+            op,
+        };
         let mut src = bufs.src.filter(|&p| !std::ptr::eq(p, bufs.work));
         if let Some(m) = &self.mem {
             let kind = m.kind();
@@ -256,23 +234,17 @@ impl<'a> Executor<'a> {
             let step_index = i;
             match &plan.steps[i] {
                 Step::Exchange { send, recv, reduce } => {
-                    let s = match send {
-                        Some(x) if x.region.len > 0 => {
-                            let (p, n) = bufs.region(&x.region, esz)?;
-                            let h = hdr_sent.insert((x.peer, x.chan));
-                            Some((x.peer, x.chan, p as *const u8, n, h))
-                        }
-                        _ => None,
-                    };
-                    let r = match recv {
-                        Some(x) if x.region.len > 0 => {
-                            let (p, n) = bufs.region(&x.region, esz)?;
-                            let h = hdr_recv.insert((x.peer, x.chan));
-                            Some((x.peer, x.chan, p, n, h))
-                        }
-                        _ => None,
-                    };
-                    self.exchange(s, r, *reduce, &d, &d, dtype, op)?;
+                    let send = bufs.transfer(send.as_ref(), esz, &mut hdr_sent)?;
+                    let recv = bufs.transfer(recv.as_ref(), esz, &mut hdr_recv)?;
+                    self.exchange(ExchangeOp {
+                        send: send.map(Transfer::read_only),
+                        recv,
+                        reduce: *reduce,
+                        send_desc: &d,
+                        recv_desc: &d,
+                        dtype,
+                        op,
+                    })?;
                 }
                 Step::NodeReduceScatter { group, slices } => {
                     // Fuse only when the node is the whole communicator: then every rank's plan is
@@ -292,18 +264,11 @@ impl<'a> Executor<'a> {
                     } else {
                         NodeMode::ReduceScatter
                     };
-                    self.node(mode, group, slices, &d, dtype, op, bufs, src.take())?;
+                    self.node(mode, group, slices, call, bufs, src.take())?;
                 }
-                Step::NodeAllGather { group, slices } => self.node(
-                    NodeMode::AllGather,
-                    group,
-                    slices,
-                    &d,
-                    dtype,
-                    op,
-                    bufs,
-                    None,
-                )?,
+                Step::NodeAllGather { group, slices } => {
+                    self.node(NodeMode::AllGather, group, slices, call, bufs, None)?
+                }
                 Step::Copy { src, dst } => {
                     let (s, n) = bufs.region(src, esz)?;
                     let (t, m) = bufs.region(dst, esz)?;
@@ -321,18 +286,19 @@ impl<'a> Executor<'a> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// One in-node step on the fabric (nothing to do for a group of one but copy an
+    /// out-of-place input): `slices` become byte ranges of `bufs.work`; `src`, an out-of-place
+    /// input the fabric reads directly.
     unsafe fn node(
         &mut self,
         mode: NodeMode,
         group: &[usize],
         slices: &[Region],
-        d: &[u8; DESC],
-        dtype: DataType,
-        op: ReduceOp,
+        call: StepCall<'_>,
         bufs: Bufs,
         src: Option<*const u8>,
     ) -> Result<()> {
+        let StepCall { desc: d, dtype, op } = call;
         if group.len() <= 1 {
             if let Some(p) = src {
                 std::ptr::copy(p, bufs.work, bufs.work_bytes);
@@ -365,27 +331,16 @@ impl<'a> Executor<'a> {
         } else {
             &heap
         };
-        match src {
-            Some(p) => fabric.node_op_from(
-                mode,
-                dtype,
-                op,
-                p,
-                bufs.work,
-                byte_slices,
-                d,
-                &CallDesc::describe_bytes,
-            ),
-            None => fabric.node_op(
-                mode,
-                dtype,
-                op,
-                bufs.work,
-                byte_slices,
-                d,
-                &CallDesc::describe_bytes,
-            ),
-        }
+        fabric.node_op(NodeOp {
+            mode,
+            dtype,
+            op,
+            src,
+            work: bufs.work,
+            slices: byte_slices,
+            desc: d,
+            describe: &CallDesc::describe_bytes,
+        })
     }
 
     /// Run a segmented two-level all-reduce as a software pipeline: `segs` are (element offset,
@@ -571,283 +526,26 @@ impl<'a> Executor<'a> {
             .map(|s| s.3.dtype)
             .or(recv.map(|r| r.3.dtype))
             .unwrap_or(DataType::U8);
-        self.exchange(
-            send.map(|(p, n, peer, _)| (peer, P2P_CHAN, p, n, true)),
-            recv.map(|(p, n, peer, _)| (peer, P2P_CHAN, p, n, true)),
-            false,
-            &sd,
-            &rd,
+        self.exchange(ExchangeOp {
+            send: send.map(|(ptr, len, peer, _)| Transfer {
+                peer,
+                chan: P2P_CHAN,
+                ptr,
+                len,
+                hdr: true,
+            }),
+            recv: recv.map(|(ptr, len, peer, _)| Transfer {
+                peer,
+                chan: P2P_CHAN,
+                ptr,
+                len,
+                hdr: true,
+            }),
+            reduce: false,
+            send_desc: &sd,
+            recv_desc: &rd,
             dtype,
-            ReduceOp::Sum,
-        )
-    }
-
-    /// Send and receive concurrently (either may be absent). Tuples: (peer, chan, ptr, bytes,
-    /// header first?).
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn exchange(
-        &mut self,
-        send: Option<(usize, usize, *const u8, usize, bool)>,
-        recv: Option<(usize, usize, *mut u8, usize, bool)>,
-        reduce: bool,
-        d: &[u8; DESC],
-        rd: &[u8; DESC],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let sl = match send {
-            Some((p, c, ..)) => Some(self.links.link(p, c)?),
-            None => None,
-        };
-        let rl = match recv {
-            Some((p, c, ..)) => Some(self.links.link(p, c)?),
-            None => None,
-        };
-        let esz = dtype.size();
-        // Where the data is: host memory, or (GPUDirect) memory only the links and `self.mem`
-        // touch. Descriptors are always host memory.
-        let kind = self.mem.as_ref().map(|m| m.kind()).unwrap_or(MemKind::Host);
-        if kind != MemKind::Host {
-            for (l, peer) in [(sl, send.map(|s| s.0)), (rl, recv.map(|r| r.0))] {
-                if let (Some(l), Some(peer)) = (l, peer) {
-                    if !(*l).supports(kind) {
-                        return Err(Error::Plan(format!(
-                            "the link to rank {peer} ({}) cannot move {kind:?} memory",
-                            (*l).describe()
-                        )));
-                    }
-                }
-            }
-        }
-        // A send region that overlaps the receive region (recursive doubling exchanges whole
-        // buffers) must not see received bytes: send from a snapshot.
-        let mut snapshot: Vec<u64> = Vec::new();
-        let send = match (send, recv) {
-            (Some((p, c, sp, sn, h)), Some((_, _, rp, rn, _)))
-                if (sp as usize) < rp as usize + rn && (rp as usize) < sp as usize + sn =>
-            {
-                if kind != MemKind::Host {
-                    return Err(Error::Plan(format!(
-                        "overlapping send and receive regions on {kind:?} memory"
-                    )));
-                }
-                snapshot.resize(sn.div_ceil(8), 0);
-                std::ptr::copy_nonoverlapping(sp, snapshot.as_mut_ptr() as *mut u8, sn);
-                Some((p, c, snapshot.as_ptr() as *const u8, sn, h))
-            }
-            _ => send,
-        };
-        let chunk = (self.chunk / esz).max(1) * esz;
-        let stage = match &mut self.mem {
-            Some(m) if reduce && recv.is_some() => m.stage(chunk)?,
-            Some(_) => std::ptr::null_mut(),
-            None => {
-                if reduce && recv.is_some() && self.staging.len() * 8 < chunk {
-                    self.staging.resize(chunk.div_ceil(8), 0);
-                }
-                self.staging.as_mut_ptr() as *mut u8
-            }
-        };
-        // send state
-        let mut s_hdr = if send.is_some_and(|s| s.4) { 0 } else { DESC };
-        let mut s_off = 0usize;
-        let s_len = send.map(|s| s.3).unwrap_or(0);
-        // A small send with its descriptor goes out as one write (one packet on TCP).
-        let combined: Option<Vec<u8>> = match send {
-            Some((_, _, ptr, n, true)) if n <= 16 << 10 && kind == MemKind::Host => {
-                let mut v = Vec::with_capacity(DESC + n);
-                v.extend_from_slice(d);
-                v.extend_from_slice(std::slice::from_raw_parts(ptr, n));
-                Some(v)
-            }
-            _ => None,
-        };
-        let mut c_off = 0usize;
-        let mut s_done = send.is_none();
-        // recv state
-        let mut r_hdr_buf = [0u8; DESC];
-        let mut r_hdr = if recv.is_some_and(|r| r.4) { 0 } else { DESC };
-        let mut r_off = 0usize;
-        let mut r_fill = 0usize;
-        let r_len = recv.map(|r| r.3).unwrap_or(0);
-        let mut r_done = recv.is_none();
-        let mut b = Backoff::new();
-        while !(s_done && r_done) {
-            let mut progress = false;
-            if let (false, Some((peer, _, ptr, _, _)), Some(l)) = (s_done, send, sl) {
-                let l = &mut *l;
-                loop {
-                    let n = if let Some(c) = &combined {
-                        let n = l
-                            .try_send(&c[c_off..])
-                            .map_err(|e| self.link_err(peer, e))?;
-                        c_off += n;
-                        if c_off == c.len() {
-                            s_hdr = DESC;
-                            s_off = s_len;
-                        }
-                        n
-                    } else if s_hdr < DESC {
-                        let n = l
-                            .try_send(&d[s_hdr..])
-                            .map_err(|e| self.link_err(peer, e))?;
-                        s_hdr += n;
-                        n
-                    } else {
-                        let n = l
-                            .try_send_mem(ptr.wrapping_add(s_off), s_len - s_off, kind)
-                            .map_err(|e| self.link_err(peer, e))?;
-                        s_off += n;
-                        n
-                    };
-                    if n == 0 {
-                        break;
-                    }
-                    progress = true;
-                    if s_hdr == DESC && s_off == s_len {
-                        s_done = true;
-                        break;
-                    }
-                }
-            }
-            if let (false, Some((peer, _, dst, _, _)), Some(l)) = (r_done, recv, rl) {
-                let l = &mut *l;
-                loop {
-                    let n = if r_hdr < DESC {
-                        let n = l
-                            .try_recv(&mut r_hdr_buf[r_hdr..])
-                            .map_err(|e| self.link_err(peer, e))?;
-                        r_hdr += n;
-                        if r_hdr == DESC && &r_hdr_buf != rd {
-                            return Err(Error::Mismatch {
-                                rank: self.rank,
-                                peer,
-                                mine: CallDesc::describe_bytes(rd),
-                                theirs: CallDesc::describe_bytes(&r_hdr_buf),
-                            });
-                        }
-                        n
-                    } else if !reduce {
-                        let n = l
-                            .try_recv_mem(dst.wrapping_add(r_off), r_len - r_off, kind)
-                            .map_err(|e| self.link_err(peer, e))?;
-                        r_off += n;
-                        n
-                    } else {
-                        let want = chunk.min(r_len - r_off);
-                        let n = l
-                            .try_recv_mem(stage.wrapping_add(r_fill), want - r_fill, kind)
-                            .map_err(|e| self.link_err(peer, e))?;
-                        r_fill += n;
-                        if r_fill == want {
-                            match &mut self.mem {
-                                Some(m) => {
-                                    m.reduce_into(dtype, op, dst.wrapping_add(r_off), stage, want)?
-                                }
-                                None => {
-                                    kernels::reduce_into_raw(dtype, op, dst.add(r_off), stage, want)
-                                }
-                            }
-                            r_off += want;
-                            r_fill = 0;
-                        }
-                        n
-                    };
-                    if n == 0 {
-                        break;
-                    }
-                    progress = true;
-                    if r_hdr == DESC && r_off == r_len {
-                        r_done = true;
-                        break;
-                    }
-                }
-            }
-            if progress {
-                b.reset();
-                continue;
-            }
-            if s_done && r_done {
-                break;
-            }
-            // Nothing moved: wait. Links with file descriptors are polled (the kernel wakes us);
-            // shared-memory links back off (spin, yield, sleep).
-            let fds: Vec<(i32, i16)> = [
-                (!s_done)
-                    .then(|| {
-                        sl.and_then(|l| (*l).poll_fd_for(true))
-                            .map(|fd| (fd, libc::POLLOUT))
-                    })
-                    .flatten(),
-                (!r_done)
-                    .then(|| {
-                        rl.and_then(|l| (*l).poll_fd_for(false))
-                            .map(|fd| (fd, libc::POLLIN))
-                    })
-                    .flatten(),
-            ]
-            .into_iter()
-            .flatten()
-            .collect();
-            let need = usize::from(!s_done) + usize::from(!r_done);
-            if fds.len() == need && b.waited() > Duration::from_micros(50) {
-                let mut p: Vec<libc::pollfd> = fds
-                    .iter()
-                    .map(|&(fd, ev)| libc::pollfd {
-                        fd,
-                        events: ev,
-                        revents: 0,
-                    })
-                    .collect();
-                libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 100);
-            } else if b.waited() > Duration::from_micros(20) {
-                // A shared-memory link sleeps on its node's bell (woken by the peer's next
-                // store); with a TCP link also pending, only briefly, then poll again.
-                let short = if fds.is_empty() {
-                    Duration::from_millis(5)
-                } else {
-                    Duration::from_micros(200)
-                };
-                let parked = match (s_done, r_done) {
-                    (false, _) if sl.is_some_and(|l| (*l).poll_fd().is_none()) => {
-                        sl.is_some_and(|l| (*l).park(true, !r_done && rl == sl, short))
-                    }
-                    (_, false) if rl.is_some_and(|l| (*l).poll_fd().is_none()) => {
-                        rl.is_some_and(|l| (*l).park(false, true, short))
-                    }
-                    _ => false,
-                };
-                if !parked {
-                    b.snooze();
-                }
-            } else {
-                b.snooze();
-            }
-            if b.check_due() || fds.len() == need {
-                if let (false, Some((peer, ..)), Some(l)) = (s_done, send, sl) {
-                    (*l).check_peer().map_err(|e| self.link_err(peer, e))?;
-                }
-                if let (false, Some((peer, ..)), Some(l)) = (r_done, recv, rl) {
-                    (*l).check_peer().map_err(|e| self.link_err(peer, e))?;
-                }
-                if b.waited() > self.timeout {
-                    let mut waiting = Vec::new();
-                    if !s_done {
-                        waiting.extend(send.map(|s| s.0));
-                    }
-                    if !r_done {
-                        waiting.extend(recv.map(|r| r.0));
-                    }
-                    waiting.dedup();
-                    return Err(Error::Timeout {
-                        rank: self.rank,
-                        secs: self.timeout.as_secs(),
-                        waiting,
-                        what: CallDesc::describe_bytes(d),
-                    });
-                }
-            }
-        }
-        Ok(())
+            op: ReduceOp::Sum,
+        })
     }
 }

@@ -1,6 +1,7 @@
-//! An in-memory link between threads of one process: the transport for unit tests of every
-//! algorithm through the real executor. Bounded, so partial sends and back-pressure happen as
-//! they do on real links.
+//! A test pipe: an in-memory [`PipeLink`] between threads of one process, the transport for
+//! unit tests of every algorithm through the real executor. Bounded, so partial sends and
+//! back-pressure happen as they do on real links. (Not to be confused with [`super::MemKind`],
+//! the kind of memory a transfer touches.)
 
 use super::{Link, LinkError};
 use std::collections::VecDeque;
@@ -11,14 +12,14 @@ struct Pipe {
     cap: usize,
 }
 
-pub struct MemLink {
+pub struct PipeLink {
     tx: Arc<Pipe>,
     rx: Arc<Pipe>,
     name: String,
     sent: u64,
 }
 
-impl Drop for MemLink {
+impl Drop for PipeLink {
     fn drop(&mut self) {
         // Mark our sending side closed so the peer sees us gone.
         self.tx.q.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
@@ -26,7 +27,7 @@ impl Drop for MemLink {
 }
 
 /// A connected pair of links; each direction buffers at most `cap` bytes.
-pub fn pair(a: usize, b: usize, cap: usize) -> (MemLink, MemLink) {
+pub fn pair(a: usize, b: usize, cap: usize) -> (PipeLink, PipeLink) {
     let ab = Arc::new(Pipe {
         q: Mutex::new((VecDeque::new(), false)),
         cap: cap.max(1),
@@ -36,22 +37,22 @@ pub fn pair(a: usize, b: usize, cap: usize) -> (MemLink, MemLink) {
         cap: cap.max(1),
     });
     (
-        MemLink {
+        PipeLink {
             tx: ab.clone(),
             rx: ba.clone(),
-            name: format!("mem {a}->{b}"),
+            name: format!("pipe {a}->{b}"),
             sent: 0,
         },
-        MemLink {
+        PipeLink {
             tx: ba,
             rx: ab,
-            name: format!("mem {b}->{a}"),
+            name: format!("pipe {b}->{a}"),
             sent: 0,
         },
     )
 }
 
-impl Link for MemLink {
+impl Link for PipeLink {
     fn describe(&self) -> String {
         self.name.clone()
     }

@@ -1,42 +1,17 @@
-//! Shared memory inside a node: one segment per (communicator, node) in `/dev/shm`, created by
-//! the node's first rank, mapped by every local rank, and unlinked as soon as all have mapped it
-//! (a crash leaves no file behind).
-//!
-//! Layout: a header; one control block per local rank (sequence flags on separate cache lines,
-//! its pid, the descriptor of its current call); per rank three staging slots; one single-producer
-//! ring per ordered pair of local ranks for point-to-point [`ShmLink`]s.
-//!
-//! In-node collectives ([`ShmFabric::node_op`]) move data in chunks through the staging slots:
-//! each rank copies its chunk in, then **each rank reduces its own piece by reading every peer's
-//! slot directly** (no ring hops; its own piece straight from its input), then every rank copies
-//! the reduced pieces out. The all-reduce is software-pipelined: a rank copies chunk c+1 in
-//! before it waits for the peers' reductions of chunk c, so no phase waits idle. The staging
-//! slots are sized to stay in the last-level cache, so the memory traffic that reaches DRAM is
-//! about one read and one write of the user's buffer per rank.
+//! The shared-memory in-node fabric ([`ShmFabric`], see [`super`]): chunked collectives
+//! through the staging slots (the pipelined all-reduce among them), the one-round small
+//! all-reduce, and the descriptor checks between the node's ranks.
 
-use super::{Link, LinkError};
+use super::{Node, NSLOT, SMALL_HDR};
 use crate::error::{Error, Result};
+use crate::transport::{NodeMode, NodeOp, DESC};
 use railring_collectives::kernels;
-use railring_collectives::{DataType, ReduceOp};
-use std::fs::OpenOptions;
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const MAGIC: u64 = 0x5241_494c_5348_4d31; // "RAILSHM1"
-const HDR: usize = 4096;
-const CTL: usize = 448;
-/// Staging slots per rank: the pipelined all-reduce fills slot c+1 while peers may still be
-/// copying chunk c-1's results out of another (see [`ShmFabric::allreduce_chunks`]).
-const NSLOT: usize = 3;
-const RING_HDR: usize = 128;
 /// Calls moving at least this many bytes write results with streaming stores.
 const STREAM_MIN: usize = 8 << 20;
-/// Header line of a staging slot: generation, descriptor digest, and a small all-reduce's data
-/// when it fits.
-const SMALL_HDR: usize = 64;
 /// Bytes of a small all-reduce carried inside the header line.
 const SMALL_INLINE: usize = SMALL_HDR - 16;
 
@@ -49,293 +24,6 @@ fn desc_digest(desc: &[u8; DESC]) -> u64 {
         h = (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
     }
     h
-}
-/// Descriptor bytes kept per rank for mismatch checks.
-pub const DESC: usize = 64;
-
-/// A mapped shared-memory segment.
-pub struct Segment {
-    base: *mut u8,
-    len: usize,
-}
-// SAFETY: a shared mapping; all concurrent access goes through atomics or is ordered by them.
-unsafe impl Send for Segment {}
-unsafe impl Sync for Segment {}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        // SAFETY: base/len came from a successful mmap.
-        unsafe {
-            libc::munmap(self.base as *mut libc::c_void, self.len);
-        }
-    }
-}
-
-impl Segment {
-    pub(crate) fn base(&self) -> *mut u8 {
-        self.base
-    }
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Create (`create`: new file, zero-filled) or open a file of at least `len` bytes and map
-    /// it shared, read-write.
-    pub(crate) fn map(path: &Path, len: usize, create: bool) -> std::io::Result<Segment> {
-        let f = if create {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)?;
-            f.set_len(len as u64)?;
-            f
-        } else {
-            let f = OpenOptions::new().read(true).write(true).open(path)?;
-            let have = f.metadata()?.len();
-            if have < len as u64 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("segment is {have} bytes, expected {len}"),
-                ));
-            }
-            f
-        };
-        // SAFETY: mapping a regular file we just opened; the length was checked above.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                f.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(Segment {
-            base: p as *mut u8,
-            len,
-        })
-    }
-}
-
-/// Geometry of a node segment.
-#[derive(Clone, Copy, Debug)]
-pub struct Geometry {
-    pub local_size: usize,
-    pub slot_bytes: usize,
-    pub ring_bytes: usize,
-}
-
-impl Geometry {
-    fn ctl_off(&self, i: usize) -> usize {
-        HDR + i * CTL
-    }
-    fn stage_off(&self, i: usize, slot: usize) -> usize {
-        HDR + self.local_size * CTL + (i * NSLOT + slot) * self.slot_bytes
-    }
-    fn ring_off(&self, from: usize, to: usize) -> usize {
-        HDR + self.local_size * CTL
-            + self.local_size * NSLOT * self.slot_bytes
-            + (from * self.local_size + to) * (RING_HDR + self.ring_bytes)
-    }
-    pub fn total(&self) -> usize {
-        self.ring_off(self.local_size, 0)
-    }
-}
-
-/// The shared node state, shared by the fabric and the node's p2p links.
-pub struct Node {
-    seg: Segment,
-    pub geo: Geometry,
-    /// Local index → communicator rank.
-    pub ranks: Vec<usize>,
-    pub me: usize,
-    pub host: String,
-}
-
-impl Node {
-    /// Create (leader) or open (others) the node segment at `path`. The leader creates it; the
-    /// caller unlinks it once every local rank has mapped it.
-    pub fn open(
-        path: &Path,
-        geo: Geometry,
-        ranks: Vec<usize>,
-        me: usize,
-        host: String,
-        create: bool,
-    ) -> std::io::Result<Arc<Node>> {
-        let seg = Segment::map(path, geo.total(), create)?;
-        let node = Node {
-            seg,
-            geo,
-            ranks,
-            me,
-            host,
-        };
-        if create {
-            // SAFETY: header is inside the mapping; the file was zero-filled by set_len.
-            unsafe {
-                std::ptr::write(node.seg.base() as *mut u64, MAGIC);
-            }
-        } else {
-            // SAFETY: as above.
-            let m = unsafe { std::ptr::read_volatile(node.seg.base() as *const u64) };
-            if m != MAGIC {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    "not a railring segment",
-                ));
-            }
-        }
-        node.pid(me).store(std::process::id(), Ordering::Release);
-        Ok(Arc::new(node))
-    }
-
-    fn at<T>(&self, off: usize) -> &T {
-        debug_assert!(off + std::mem::size_of::<T>() <= self.seg.len());
-        // SAFETY: offsets computed from the geometry stay inside the mapping; atomics are
-        // valid for any bit pattern and are aligned (all offsets are multiples of 8).
-        unsafe { &*(self.seg.base().add(off) as *const T) }
-    }
-    fn ready(&self, i: usize) -> &AtomicU64 {
-        self.at(self.geo.ctl_off(i))
-    }
-    fn reduced(&self, i: usize) -> &AtomicU64 {
-        self.at(self.geo.ctl_off(i) + 64)
-    }
-    fn pid(&self, i: usize) -> &AtomicU32 {
-        self.at(self.geo.ctl_off(i) + 192)
-    }
-    /// The descriptor of the call that uses staging slot `slot` (one per slot, so a rank that
-    /// runs ahead into the next call cannot overwrite what a slower peer is about to compare).
-    fn desc_ptr(&self, i: usize, slot: usize) -> *mut u8 {
-        // SAFETY: bytes 256..448 of the control block.
-        unsafe { self.seg.base().add(self.geo.ctl_off(i) + 256 + slot * DESC) }
-    }
-    fn stage(&self, i: usize, slot: usize) -> *mut u8 {
-        // SAFETY: inside the mapping.
-        unsafe { self.seg.base().add(self.geo.stage_off(i, slot)) }
-    }
-    /// The part of a staging slot used by chunked collectives (after the small header line).
-    fn chunk_area(&self, i: usize, slot: usize) -> *mut u8 {
-        // SAFETY: inside the slot.
-        unsafe { self.stage(i, slot).add(SMALL_HDR) }
-    }
-    fn ring(&self, from: usize, to: usize) -> (&AtomicU64, &AtomicU64, *mut u8) {
-        let off = self.geo.ring_off(from, to);
-        // SAFETY: inside the mapping.
-        (self.at(off), self.at(off + 64), unsafe {
-            self.seg.base().add(off + RING_HDR)
-        })
-    }
-
-    fn bell(&self) -> &AtomicU32 {
-        self.at(128)
-    }
-    fn sleepers(&self) -> &AtomicU32 {
-        self.at(192)
-    }
-
-    /// Publish a flag store: wake ranks sleeping on the bell (a futex shared by the node's
-    /// processes). Costs one atomic add when nobody sleeps.
-    pub fn ring_bell(&self) {
-        // Callers store their flag with SeqCst first. A sleeper registers (SeqCst) before it
-        // reads the bell and re-checks its condition, so either it sees the new flag or we see it
-        // registered and move the bell; nobody sleeps through a store.
-        if self.sleepers().load(Ordering::SeqCst) > 0 {
-            self.bell().fetch_add(1, Ordering::SeqCst);
-            // SAFETY: FUTEX_WAKE on a 4-byte aligned word inside the shared mapping.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.bell() as *const AtomicU32,
-                    libc::FUTEX_WAKE,
-                    i32::MAX,
-                    0,
-                    0,
-                    0,
-                );
-            }
-        }
-    }
-
-    /// Sleep until the bell rings or `timeout` passes, unless `ready()` already holds.
-    pub fn park(&self, ready: impl Fn() -> bool, timeout: Duration) {
-        self.sleepers().fetch_add(1, Ordering::SeqCst);
-        let seen = self.bell().load(Ordering::SeqCst);
-        if !ready() {
-            let ts = libc::timespec {
-                tv_sec: timeout.as_secs() as libc::time_t,
-                tv_nsec: timeout.subsec_nanos() as libc::c_long,
-            };
-            // SAFETY: FUTEX_WAIT on a word inside the shared mapping, with a relative timeout;
-            // returns at once if the bell already moved past `seen`.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_futex,
-                    self.bell() as *const AtomicU32,
-                    libc::FUTEX_WAIT,
-                    seen,
-                    &ts as *const libc::timespec,
-                    0,
-                    0,
-                );
-            }
-        }
-        self.sleepers().fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Tell every local rank that this rank abandoned the current collective after an error, so
-    /// peers waiting on it fail at once instead of at the timeout.
-    pub fn abort(&self) {
-        let a: &AtomicU64 = self.at(64);
-        let _ = a.compare_exchange(
-            0,
-            self.ranks[self.me] as u64 + 1,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
-        self.ring_bell();
-    }
-
-    /// The communicator rank that aborted, if any.
-    pub fn aborted(&self) -> Option<usize> {
-        let a: &AtomicU64 = self.at(64);
-        match a.load(Ordering::Acquire) {
-            0 => None,
-            r => Some(r as usize - 1),
-        }
-    }
-
-    /// Is local rank `i` still alive?
-    pub fn alive(&self, i: usize) -> bool {
-        let pid = self.pid(i).load(Ordering::Acquire);
-        if pid == 0 {
-            return true; // not started yet
-        }
-        // SAFETY: kill with signal 0 only checks for existence.
-        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-        r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
-    }
-}
-
-/// Which in-node collective to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NodeMode {
-    /// Reduce-scatter: afterwards local rank i's slice holds the node's reduction of it.
-    ReduceScatter,
-    /// All-gather: afterwards every slice holds its owner's data.
-    AllGather,
-    /// Reduce-scatter and all-gather fused (an in-node all-reduce), pipelined per chunk.
-    AllReduce,
-    /// Small all-reduce: every rank reduces the whole (small) buffer itself; one flag round.
-    AllReduceSmall,
-    /// Broadcast from local index `root` (used by node-level broadcast plans).
-    Broadcast { root: usize },
 }
 
 /// The in-node collective engine over a [`Node`] segment.
@@ -360,7 +48,7 @@ impl ShmFabric {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
-        let oversubscribed = node.geo.local_size > cpus || super::oversubscribed();
+        let oversubscribed = node.geo.local_size > cpus || crate::transport::oversubscribed();
         let (spin_limit, yield_limit) = if oversubscribed {
             (16, 1000)
         } else {
@@ -465,25 +153,25 @@ impl ShmFabric {
         }
     }
 
-    /// Run one in-node collective (see [`super::NodeFabric::node_op`]), reading this rank's
-    /// input from `src` (same offsets as `work`; equal to `work` in place): an out-of-place call
-    /// costs no extra pass over memory. All ranks pass identical slices; `desc` describes the
-    /// call and peers' descriptors must match or the call fails naming both.
+    /// Run one in-node collective (see [`crate::transport::NodeFabric::node_op`]), reading this rank's
+    /// input from `call.src` when set (same offsets as `work`): an out-of-place call costs no
+    /// extra pass over memory. All ranks pass identical slices; `desc` describes the call and
+    /// peers' descriptors must match or the call fails naming both.
     ///
     /// # Safety
-    /// `src` valid for reads and `work` for reads and writes over every slice.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn node_op_from(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        src: *const u8,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
+    /// `call.src` valid for reads and `call.work` for reads and writes over every slice.
+    pub unsafe fn run(&mut self, call: NodeOp<'_>) -> Result<()> {
+        let NodeOp {
+            mode,
+            dtype,
+            op,
+            src: _,
+            work,
+            slices,
+            desc,
+            describe,
+        } = call;
+        let src = call.input();
         let l = self.local_size();
         let me = self.node.me;
         let esz = dtype.size();
@@ -501,15 +189,7 @@ impl ShmFabric {
             let bytes = slices.iter().map(|s| s.1).sum::<usize>();
             let base = slices.first().map(|s| s.0).unwrap_or(0);
             if bytes + SMALL_HDR <= slot {
-                return self.small_allreduce(
-                    dtype,
-                    op,
-                    src.add(base),
-                    work.add(base),
-                    bytes,
-                    desc,
-                    describe,
-                );
+                return self.small_allreduce(&call, src.add(base), work.add(base), bytes);
             }
         }
         let mode = if let NodeMode::AllReduceSmall = mode {
@@ -544,9 +224,7 @@ impl ShmFabric {
         let cap_elems = (piece_cap / esz).max(1);
         let nchunks = max_elems.div_ceil(cap_elems).max(1);
         if mode == NodeMode::AllReduce {
-            return self.allreduce_chunks(
-                dtype, op, src, work, slices, piece_cap, nchunks, stream, desc, describe,
-            );
+            return self.allreduce_chunks(&call, src, piece_cap, nchunks, stream);
         }
         for c in 0..nchunks {
             self.gen += 1;
@@ -653,21 +331,25 @@ impl ShmFabric {
     /// Slot reuse: chunk c+1 goes into the slot of chunk c-2. Before writing it, this rank saw
     /// every peer `ready` for chunk c, which a peer publishes only after copying chunk c-2 out —
     /// its last read of our slot for chunk c-2. Across calls, the last chunk waits for every
-    /// `reduced`, which keeps the invariant the other modes rely on (see [`Self::node_op_from`]).
-    #[allow(clippy::too_many_arguments)]
+    /// `reduced`, which keeps the invariant the other modes rely on (see [`Self::run`]).
+    /// `src`: the call's input ([`NodeOp::input`]).
     unsafe fn allreduce_chunks(
         &mut self,
-        dtype: DataType,
-        op: ReduceOp,
+        call: &NodeOp<'_>,
         src: *const u8,
-        work: *mut u8,
-        slices: &[(usize, usize)],
         piece_cap: usize,
         nchunks: usize,
         stream: bool,
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
+        let &NodeOp {
+            dtype,
+            op,
+            work,
+            slices,
+            desc,
+            describe,
+            ..
+        } = call;
         let l = self.local_size();
         let me = self.node.me;
         let esz = dtype.size();
@@ -734,17 +416,22 @@ impl ShmFabric {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The small all-reduce of `call`: `bytes` from `src` (its input) into `work`, both at the
+    /// first slice's offset.
     unsafe fn small_allreduce(
         &mut self,
-        dtype: DataType,
-        op: ReduceOp,
+        call: &NodeOp<'_>,
         src: *const u8,
         work: *mut u8,
         bytes: usize,
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
+        let &NodeOp {
+            dtype,
+            op,
+            desc,
+            describe,
+            ..
+        } = call;
         // One cache line carries flag, descriptor and (up to 48 bytes) data: the slot starts with
         // a header line [generation u64 | descriptor digest u64 | 48 inline bytes]; larger data
         // follows the line. A peer polls that line and, for the common tiny call, finds
@@ -755,7 +442,7 @@ impl ShmFabric {
         self.gen += 1;
         let g = self.gen;
         let s = (g % NSLOT as u64) as usize;
-        // (slot reuse needs no wait: see node_op_from)
+        // (slot reuse needs no wait: see run)
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
         let data_off = if bytes <= SMALL_INLINE { 16 } else { SMALL_HDR };
         let mine = self.node.stage(me, s);
@@ -788,7 +475,7 @@ impl ShmFabric {
     /// mismatch instead of waiting for a flag that never comes.
     ///
     /// # Safety
-    /// `s` < NSLOT; slot `s` is free for generation `g` (see [`Self::node_op_from`]).
+    /// `s` < NSLOT; slot `s` is free for generation `g` (see [`Self::run`]).
     unsafe fn publish_desc(&self, s: usize, g: u64, desc: &[u8; DESC], ready: bool) -> u64 {
         let digest = desc_digest(desc);
         let me = self.node.me;
@@ -848,147 +535,11 @@ impl ShmFabric {
     }
 }
 
-impl super::NodeFabric for ShmFabric {
+impl crate::transport::NodeFabric for ShmFabric {
     fn ranks(&self) -> &[usize] {
         &self.node.ranks
     }
-    unsafe fn node_op(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
-        self.node_op_from(mode, dtype, op, work, work, slices, desc, describe)
+    unsafe fn node_op(&mut self, call: NodeOp<'_>) -> Result<()> {
+        self.run(call)
     }
-    unsafe fn node_op_from(
-        &mut self,
-        mode: NodeMode,
-        dtype: DataType,
-        op: ReduceOp,
-        src: *const u8,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
-    ) -> Result<()> {
-        ShmFabric::node_op_from(self, mode, dtype, op, src, work, slices, desc, describe)
-    }
-}
-
-/// A point-to-point link to another rank on the same node, over a single-producer ring in the
-/// node segment.
-pub struct ShmLink {
-    node: Arc<Node>,
-    peer: usize,
-    sent: u64,
-}
-
-impl ShmLink {
-    pub fn new(node: Arc<Node>, peer_local: usize) -> ShmLink {
-        ShmLink {
-            node,
-            peer: peer_local,
-            sent: 0,
-        }
-    }
-}
-
-impl Link for ShmLink {
-    fn describe(&self) -> String {
-        format!(
-            "shm local {} -> local {} on {}",
-            self.node.me, self.peer, self.node.host
-        )
-    }
-    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
-        let (head, tail, buf) = self.node.ring(self.node.me, self.peer);
-        let cap = self.node.geo.ring_bytes as u64;
-        let h = head.load(Ordering::Relaxed);
-        let t = tail.load(Ordering::Acquire);
-        let free = (cap - (h - t)) as usize;
-        let n = free.min(data.len());
-        if n == 0 {
-            return Ok(0);
-        }
-        let pos = (h % cap) as usize;
-        let first = n.min(cap as usize - pos);
-        // SAFETY: the ring region [buf, buf+cap) is inside the mapping; we only write free space.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), buf.add(pos), first);
-            std::ptr::copy_nonoverlapping(data.as_ptr().add(first), buf, n - first);
-        }
-        head.store(h + n as u64, Ordering::SeqCst);
-        self.node.ring_bell();
-        self.sent += n as u64;
-        Ok(n)
-    }
-    fn try_recv(&mut self, out: &mut [u8]) -> Result<usize, LinkError> {
-        let (head, tail, buf) = self.node.ring(self.peer, self.node.me);
-        let cap = self.node.geo.ring_bytes as u64;
-        let t = tail.load(Ordering::Relaxed);
-        let h = head.load(Ordering::Acquire);
-        let n = ((h - t) as usize).min(out.len());
-        if n == 0 {
-            return Ok(0);
-        }
-        let pos = (t % cap) as usize;
-        let first = n.min(cap as usize - pos);
-        // SAFETY: reading bytes the producer published (h was loaded with Acquire).
-        unsafe {
-            std::ptr::copy_nonoverlapping(buf.add(pos), out.as_mut_ptr(), first);
-            std::ptr::copy_nonoverlapping(buf, out.as_mut_ptr().add(first), n - first);
-        }
-        tail.store(t + n as u64, Ordering::SeqCst);
-        self.node.ring_bell();
-        Ok(n)
-    }
-    fn check_peer(&self) -> Result<(), LinkError> {
-        if let Some(r) = self
-            .node
-            .aborted()
-            .filter(|&r| r != self.node.ranks[self.node.me])
-        {
-            return Err(LinkError::PeerGone(format!(
-                "rank {r} on {} abandoned the collective after an error",
-                self.node.host
-            )));
-        }
-        if self.node.alive(self.peer) {
-            Ok(())
-        } else {
-            Err(LinkError::PeerGone(format!(
-                "local rank {} on {} exited",
-                self.peer, self.node.host
-            )))
-        }
-    }
-    fn bytes_sent(&self) -> u64 {
-        self.sent
-    }
-    fn park(&self, send: bool, recv: bool, timeout: Duration) -> bool {
-        let cap = self.node.geo.ring_bytes as u64;
-        let ready = || {
-            let (h, t, _) = self.node.ring(self.node.me, self.peer);
-            let can_send = send && h.load(Ordering::SeqCst) - t.load(Ordering::SeqCst) < cap;
-            let (h2, t2, _) = self.node.ring(self.peer, self.node.me);
-            let can_recv = recv && h2.load(Ordering::SeqCst) != t2.load(Ordering::SeqCst);
-            can_send || can_recv || self.node.aborted().is_some()
-        };
-        self.node.park(ready, timeout);
-        true
-    }
-}
-
-/// Where a node segment lives: `/dev/shm/railring-<job>-<comm>-<node>`.
-pub fn segment_path(job: &str, comm: u64, node_key: &str) -> PathBuf {
-    let clean: String = node_key
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .take(24)
-        .collect();
-    PathBuf::from(format!("/dev/shm/railring-{job}-{comm:x}-{clean}"))
 }

@@ -1,0 +1,513 @@
+//! The executor's point-to-point engine: one exchange — send a region to one peer and receive a
+//! region from another, concurrently, from one thread, over non-blocking links — in named
+//! parts: resolving the links, the snapshot of a send region the receive overwrites, the
+//! staging area, the sending half ([`Sender`]), the receiving half (descriptor check, data
+//! straight into place or reduced chunk by chunk), and the wait when neither half can move.
+//!
+//! This is the hot path: each half's progress moves bytes with one link call per attempt and no
+//! allocation; the only allocations are per exchange (a send snapshot when regions overlap, one
+//! combined write for a small send) or per wait.
+
+use super::{CallDesc, Executor};
+use crate::error::{Error, Result};
+use crate::transport::{Backoff, Link, LinkError, MemKind, DESC};
+use railring_collectives::{kernels, DataType, ReduceOp};
+use std::time::Duration;
+
+/// One direction of an exchange: `len` bytes at `ptr` to or from `peer` on channel `chan`.
+/// `hdr`: the call's descriptor goes first (the first transfer with this peer and channel in
+/// the call).
+#[derive(Clone, Copy)]
+pub(super) struct Transfer<P> {
+    pub peer: usize,
+    pub chan: usize,
+    pub ptr: P,
+    pub len: usize,
+    pub hdr: bool,
+}
+
+impl Transfer<*mut u8> {
+    /// The same transfer, for sending (read only).
+    pub fn read_only(self) -> Transfer<*const u8> {
+        Transfer {
+            peer: self.peer,
+            chan: self.chan,
+            ptr: self.ptr,
+            len: self.len,
+            hdr: self.hdr,
+        }
+    }
+}
+
+/// One exchange: what to send and to receive (either may be absent), and how.
+pub(super) struct ExchangeOp<'d> {
+    pub send: Option<Transfer<*const u8>>,
+    pub recv: Option<Transfer<*mut u8>>,
+    /// Reduce received data into the receive region (`op` over `dtype`) rather than overwrite it.
+    pub reduce: bool,
+    /// The descriptor sent first (and named when the exchange times out)...
+    pub send_desc: &'d [u8; DESC],
+    /// ...and the one the sender must have sent.
+    pub recv_desc: &'d [u8; DESC],
+    pub dtype: DataType,
+    pub op: ReduceOp,
+}
+
+/// The sending half of an exchange in progress.
+struct Sender<'d> {
+    link: *mut dyn Link,
+    peer: usize,
+    ptr: *const u8,
+    len: usize,
+    /// Data bytes sent.
+    off: usize,
+    /// Descriptor bytes sent (`DESC` when none is due).
+    hdr: usize,
+    desc: &'d [u8; DESC],
+    /// A small send with its descriptor goes out as one write (one packet on TCP); `c_off`
+    /// bytes of it went.
+    combined: Option<Vec<u8>>,
+    c_off: usize,
+    done: bool,
+}
+
+impl<'d> Sender<'d> {
+    /// # Safety
+    /// `t.ptr` valid for reads of `t.len` bytes of kind `kind`.
+    unsafe fn new(
+        t: Transfer<*const u8>,
+        link: *mut dyn Link,
+        desc: &'d [u8; DESC],
+        kind: MemKind,
+    ) -> Sender<'d> {
+        let combined = match t {
+            Transfer {
+                ptr,
+                len: n,
+                hdr: true,
+                ..
+            } if n <= 16 << 10 && kind == MemKind::Host => {
+                let mut v = Vec::with_capacity(DESC + n);
+                v.extend_from_slice(desc);
+                v.extend_from_slice(std::slice::from_raw_parts(ptr, n));
+                Some(v)
+            }
+            _ => None,
+        };
+        Sender {
+            link,
+            peer: t.peer,
+            ptr: t.ptr,
+            len: t.len,
+            off: 0,
+            hdr: if t.hdr { 0 } else { DESC },
+            desc,
+            combined,
+            c_off: 0,
+            done: false,
+        }
+    }
+
+    /// Push what the link takes now: the descriptor, then the data (memory of kind `kind`).
+    /// True when anything moved.
+    ///
+    /// # Safety
+    /// The link outlives the exchange; the region as in [`Sender::new`].
+    #[inline]
+    unsafe fn pump(&mut self, kind: MemKind) -> std::result::Result<bool, LinkError> {
+        let l = &mut *self.link;
+        let mut progress = false;
+        loop {
+            let n = if let Some(c) = &self.combined {
+                let n = l.try_send(&c[self.c_off..])?;
+                self.c_off += n;
+                if self.c_off == c.len() {
+                    self.hdr = DESC;
+                    self.off = self.len;
+                }
+                n
+            } else if self.hdr < DESC {
+                let n = l.try_send(&self.desc[self.hdr..])?;
+                self.hdr += n;
+                n
+            } else {
+                let n =
+                    l.try_send_mem(self.ptr.wrapping_add(self.off), self.len - self.off, kind)?;
+                self.off += n;
+                n
+            };
+            if n == 0 {
+                break;
+            }
+            progress = true;
+            if self.hdr == DESC && self.off == self.len {
+                self.done = true;
+                break;
+            }
+        }
+        Ok(progress)
+    }
+}
+
+/// The receiving half of an exchange in progress.
+struct Receiver<'d> {
+    link: *mut dyn Link,
+    peer: usize,
+    dst: *mut u8,
+    len: usize,
+    /// Data bytes in place (received, or received and reduced).
+    off: usize,
+    /// Descriptor bytes received (`DESC` when none is due), into `hdr_buf`.
+    hdr: usize,
+    hdr_buf: [u8; DESC],
+    /// The descriptor the sender must have sent.
+    expect: &'d [u8; DESC],
+    /// Reducing: received data lands in `stage` first, `chunk` bytes at a time (`fill` so far
+    /// of the current chunk), and each complete chunk is reduced into place.
+    reduce: bool,
+    stage: *mut u8,
+    chunk: usize,
+    fill: usize,
+    done: bool,
+}
+
+impl<'d> Receiver<'d> {
+    fn new(
+        t: Transfer<*mut u8>,
+        link: *mut dyn Link,
+        expect: &'d [u8; DESC],
+        reduce: bool,
+        stage: *mut u8,
+        chunk: usize,
+    ) -> Receiver<'d> {
+        Receiver {
+            link,
+            peer: t.peer,
+            dst: t.ptr,
+            len: t.len,
+            off: 0,
+            hdr: if t.hdr { 0 } else { DESC },
+            hdr_buf: [0u8; DESC],
+            expect,
+            reduce,
+            stage,
+            chunk,
+            fill: 0,
+            done: false,
+        }
+    }
+}
+
+impl<'a> Executor<'a> {
+    /// Send and receive concurrently (either may be absent): progress both halves until
+    /// neither moves, then wait for the links; fail on a descriptor mismatch, a dead peer or
+    /// the timeout.
+    ///
+    /// # Safety
+    /// The regions must be valid for their lengths (reads to send, writes to receive).
+    pub(super) unsafe fn exchange(&mut self, x: ExchangeOp<'_>) -> Result<()> {
+        let sl = match x.send {
+            Some(t) => Some(self.links.link(t.peer, t.chan)?),
+            None => None,
+        };
+        let rl = match x.recv {
+            Some(t) => Some(self.links.link(t.peer, t.chan)?),
+            None => None,
+        };
+        let esz = x.dtype.size();
+        // Where the data is: host memory, or (GPUDirect) memory only the links and `self.mem`
+        // touch. Descriptors are always host memory.
+        let kind = self.mem.as_ref().map(|m| m.kind()).unwrap_or(MemKind::Host);
+        if kind != MemKind::Host {
+            for (l, peer) in [(sl, x.send.map(|s| s.peer)), (rl, x.recv.map(|r| r.peer))] {
+                if let (Some(l), Some(peer)) = (l, peer) {
+                    if !(*l).supports(kind) {
+                        return Err(Error::Plan(format!(
+                            "the link to rank {peer} ({}) cannot move {kind:?} memory",
+                            (*l).describe()
+                        )));
+                    }
+                }
+            }
+        }
+        let mut snapshot: Vec<u64> = Vec::new();
+        let send = unaliased_send(x.send, x.recv, kind, &mut snapshot)?;
+        let chunk = (self.chunk / esz).max(1) * esz;
+        let stage = self.stage(x.reduce && x.recv.is_some(), chunk)?;
+        let mut tx = match (send, sl) {
+            (Some(t), Some(l)) => Some(Sender::new(t, l, x.send_desc, kind)),
+            _ => None,
+        };
+        let mut rx = match (x.recv, rl) {
+            (Some(t), Some(l)) => Some(Receiver::new(t, l, x.recv_desc, x.reduce, stage, chunk)),
+            _ => None,
+        };
+        let mut b = Backoff::new();
+        loop {
+            let mut progress = false;
+            if let Some(s) = tx.as_mut().filter(|s| !s.done) {
+                progress |= s.pump(kind).map_err(|e| self.link_err(s.peer, e))?;
+            }
+            if let Some(r) = rx.as_mut().filter(|r| !r.done) {
+                progress |= self.pump_recv(r, kind, x.dtype, x.op)?;
+            }
+            if progress {
+                b.reset();
+                continue;
+            }
+            if tx.as_ref().is_none_or(|s| s.done) && rx.as_ref().is_none_or(|r| r.done) {
+                return Ok(());
+            }
+            self.wait(tx.as_ref(), rx.as_ref(), &mut b, x.send_desc)?;
+        }
+    }
+
+    /// The staging area received chunks land in before they are reduced (`chunk` bytes when
+    /// `needed`): the [`crate::transport::DataMem`]'s, or the executor's host buffer, grown
+    /// when short. Kept across calls.
+    fn stage(&mut self, needed: bool, chunk: usize) -> Result<*mut u8> {
+        Ok(match &mut self.mem {
+            Some(m) if needed => m.stage(chunk)?,
+            Some(_) => std::ptr::null_mut(),
+            None => {
+                if needed && self.staging.len() * 8 < chunk {
+                    self.staging.resize(chunk.div_ceil(8), 0);
+                }
+                self.staging.as_mut_ptr() as *mut u8
+            }
+        })
+    }
+
+    /// Take what the link has now: the descriptor first (a mismatch fails the call naming
+    /// both), then the data — straight into place, or through the staging area with each
+    /// complete chunk reduced into place. True when anything moved.
+    ///
+    /// # Safety
+    /// As [`Self::exchange`]; the staging area holds `r.chunk` bytes when reducing.
+    #[inline]
+    unsafe fn pump_recv(
+        &mut self,
+        r: &mut Receiver<'_>,
+        kind: MemKind,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<bool> {
+        let l = &mut *r.link;
+        let peer = r.peer;
+        let mut progress = false;
+        loop {
+            let n = if r.hdr < DESC {
+                let n = l
+                    .try_recv(&mut r.hdr_buf[r.hdr..])
+                    .map_err(|e| self.link_err(peer, e))?;
+                r.hdr += n;
+                if r.hdr == DESC && &r.hdr_buf != r.expect {
+                    return Err(Error::Mismatch {
+                        rank: self.rank,
+                        peer,
+                        mine: CallDesc::describe_bytes(r.expect),
+                        theirs: CallDesc::describe_bytes(&r.hdr_buf),
+                    });
+                }
+                n
+            } else if !r.reduce {
+                let n = l
+                    .try_recv_mem(r.dst.wrapping_add(r.off), r.len - r.off, kind)
+                    .map_err(|e| self.link_err(peer, e))?;
+                r.off += n;
+                n
+            } else {
+                let want = r.chunk.min(r.len - r.off);
+                let n = l
+                    .try_recv_mem(r.stage.wrapping_add(r.fill), want - r.fill, kind)
+                    .map_err(|e| self.link_err(peer, e))?;
+                r.fill += n;
+                if r.fill == want {
+                    match &mut self.mem {
+                        Some(m) => {
+                            m.reduce_into(dtype, op, r.dst.wrapping_add(r.off), r.stage, want)?
+                        }
+                        None => {
+                            kernels::reduce_into_raw(dtype, op, r.dst.add(r.off), r.stage, want)
+                        }
+                    }
+                    r.off += want;
+                    r.fill = 0;
+                }
+                n
+            };
+            if n == 0 {
+                break;
+            }
+            progress = true;
+            if r.hdr == DESC && r.off == r.len {
+                r.done = true;
+                break;
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Nothing moved: wait for the links ([`idle`]), then — now and then, and after
+    /// every poll — check the peers and the timeout ([`Self::check_stall`]).
+    ///
+    /// # Safety
+    /// The halves' links are alive.
+    unsafe fn wait(
+        &self,
+        tx: Option<&Sender<'_>>,
+        rx: Option<&Receiver<'_>>,
+        b: &mut Backoff,
+        what: &[u8; DESC],
+    ) -> Result<()> {
+        let fds = pending_fds(tx, rx);
+        let need =
+            usize::from(tx.is_some_and(|s| !s.done)) + usize::from(rx.is_some_and(|r| !r.done));
+        idle(tx, rx, &fds, need, b);
+        if b.check_due() || fds.len() == need {
+            self.check_stall(tx, rx, b, what)?;
+        }
+        Ok(())
+    }
+
+    /// Fail if a pending half's peer is gone, or if nothing moved for the timeout (naming the
+    /// call `what` and the peers waited for).
+    ///
+    /// # Safety
+    /// The halves' links are alive.
+    unsafe fn check_stall(
+        &self,
+        tx: Option<&Sender<'_>>,
+        rx: Option<&Receiver<'_>>,
+        b: &Backoff,
+        what: &[u8; DESC],
+    ) -> Result<()> {
+        let pending_s = tx.filter(|s| !s.done);
+        let pending_r = rx.filter(|r| !r.done);
+        if let Some(s) = pending_s {
+            (*s.link)
+                .check_peer()
+                .map_err(|e| self.link_err(s.peer, e))?;
+        }
+        if let Some(r) = pending_r {
+            (*r.link)
+                .check_peer()
+                .map_err(|e| self.link_err(r.peer, e))?;
+        }
+        if b.waited() > self.timeout {
+            let mut waiting = Vec::new();
+            waiting.extend(pending_s.map(|s| s.peer));
+            waiting.extend(pending_r.map(|r| r.peer));
+            waiting.dedup();
+            return Err(Error::Timeout {
+                rank: self.rank,
+                secs: self.timeout.as_secs(),
+                waiting,
+                what: CallDesc::describe_bytes(what),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Wait once. When every pending half has a file descriptor (`fds`, `need` halves pending)
+/// they are polled (the kernel wakes us); a shared-memory link parks on its node's bell;
+/// otherwise back off (spin, yield, sleep).
+///
+/// # Safety
+/// The halves' links are alive.
+unsafe fn idle(
+    tx: Option<&Sender<'_>>,
+    rx: Option<&Receiver<'_>>,
+    fds: &[(i32, i16)],
+    need: usize,
+    b: &mut Backoff,
+) {
+    let (s_done, r_done) = (tx.is_none_or(|s| s.done), rx.is_none_or(|r| r.done));
+    let (sl, rl) = (tx.map(|s| s.link), rx.map(|r| r.link));
+    if fds.len() == need && b.waited() > Duration::from_micros(50) {
+        let mut p: Vec<libc::pollfd> = fds
+            .iter()
+            .map(|&(fd, ev)| libc::pollfd {
+                fd,
+                events: ev,
+                revents: 0,
+            })
+            .collect();
+        libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 100);
+    } else if b.waited() > Duration::from_micros(20) {
+        // A shared-memory link sleeps on its node's bell (woken by the peer's next
+        // store); with a TCP link also pending, only briefly, then poll again.
+        let short = if fds.is_empty() {
+            Duration::from_millis(5)
+        } else {
+            Duration::from_micros(200)
+        };
+        let parked = match (s_done, r_done) {
+            (false, _) if sl.is_some_and(|l| (*l).poll_fd().is_none()) => {
+                sl.is_some_and(|l| (*l).park(true, !r_done && rl == sl, short))
+            }
+            (_, false) if rl.is_some_and(|l| (*l).poll_fd().is_none()) => {
+                rl.is_some_and(|l| (*l).park(false, true, short))
+            }
+            _ => false,
+        };
+        if !parked {
+            b.snooze();
+        }
+    } else {
+        b.snooze();
+    }
+}
+
+/// The file descriptors to poll for the pending halves (send: writable, receive: readable),
+/// for links that have one.
+///
+/// # Safety
+/// The halves' links are alive.
+unsafe fn pending_fds(tx: Option<&Sender<'_>>, rx: Option<&Receiver<'_>>) -> Vec<(i32, i16)> {
+    [
+        tx.filter(|s| !s.done)
+            .and_then(|s| (*s.link).poll_fd_for(true))
+            .map(|fd| (fd, libc::POLLOUT)),
+        rx.filter(|r| !r.done)
+            .and_then(|r| (*r.link).poll_fd_for(false))
+            .map(|fd| (fd, libc::POLLIN)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// A send region that overlaps the receive region (recursive doubling exchanges whole
+/// buffers) must not see received bytes: send from a snapshot, kept in `keep`. Device memory
+/// cannot be snapshot here: overlapping regions on it are refused.
+///
+/// # Safety
+/// The send region valid for reads.
+unsafe fn unaliased_send(
+    send: Option<Transfer<*const u8>>,
+    recv: Option<Transfer<*mut u8>>,
+    kind: MemKind,
+    keep: &mut Vec<u64>,
+) -> Result<Option<Transfer<*const u8>>> {
+    match (send, recv) {
+        (Some(s), Some(r))
+            if (s.ptr as usize) < r.ptr as usize + r.len
+                && (r.ptr as usize) < s.ptr as usize + s.len =>
+        {
+            if kind != MemKind::Host {
+                return Err(Error::Plan(format!(
+                    "overlapping send and receive regions on {kind:?} memory"
+                )));
+            }
+            keep.resize(s.len.div_ceil(8), 0);
+            std::ptr::copy_nonoverlapping(s.ptr, keep.as_mut_ptr() as *mut u8, s.len);
+            Ok(Some(Transfer {
+                ptr: keep.as_ptr() as *const u8,
+                ..s
+            }))
+        }
+        _ => Ok(send),
+    }
+}
