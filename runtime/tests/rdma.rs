@@ -11,6 +11,7 @@ use railring::transport::rdma::{
     probe_hcas, select_net_from, select_net_with, HcaPort, NetChoice, NetSelection, RdmaNet,
 };
 use railring::transport::Link;
+use railring::transport::LinkId;
 use std::io;
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -113,8 +114,30 @@ fn loopback_link_on_hardware() {
     let st = Arc::new(
         StoreClient::connect(&srv.addr.to_string(), "k", Duration::from_secs(10)).unwrap(),
     );
-    let mut a = net.link(st.clone(), 9, 0, 1, 0, 0).unwrap();
-    let mut b = net.link(st, 9, 1, 0, 0, 0).unwrap();
+    let mut a = net
+        .link(
+            st.clone(),
+            LinkId {
+                comm: 9,
+                me: 0,
+                peer: 1,
+                chan: 0,
+            },
+            0,
+        )
+        .unwrap();
+    let mut b = net
+        .link(
+            st,
+            LinkId {
+                comm: 9,
+                me: 1,
+                peer: 0,
+                chan: 0,
+            },
+            0,
+        )
+        .unwrap();
     let data: Vec<u8> = (0..5_000_000u32).map(|i| (i * 31 % 251) as u8).collect();
     let (mut sent, mut got) = (0, Vec::with_capacity(data.len()));
     let mut buf = vec![0u8; 100_000];

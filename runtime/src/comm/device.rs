@@ -26,7 +26,7 @@
 /// The cudarc this crate is built against (use it to make device buffers and streams).
 pub use cudarc;
 
-use super::device_state as cuda_hook;
+use super::device_state::{self as cuda_hook, DeviceBuf};
 use crate::error::{Error, Result};
 use crate::transport::cuda::{cuda_err, require_driver};
 use crate::{Communicator, Element, Pending, ReduceOp};
@@ -62,7 +62,13 @@ impl Communicator {
         let ready = stream
             .record_event(None)
             .map_err(|e| cuda_err(rank, "recording an event on the caller's stream", e))?;
-        let done = cuda_hook::all_reduce_device(self, &ctx, ptr, bytes, T::DTYPE, op, &ready)?;
+        let target = DeviceBuf {
+            ptr,
+            bytes,
+            dtype: T::DTYPE,
+            op,
+        };
+        let done = cuda_hook::all_reduce_device(self, &ctx, target, &ready)?;
         stream
             .wait(&done)
             .map_err(|e| cuda_err(rank, "ordering the caller's stream after the collective", e))?;
@@ -106,24 +112,21 @@ impl Communicator {
                 ))
             }
         };
-        cuda_hook::all_reduce_device_start(
-            self,
-            ctx,
+        let target = DeviceBuf {
             ptr,
             bytes,
-            T::DTYPE,
+            dtype: T::DTYPE,
             op,
-            ready,
-            move |done| {
-                stream.wait(&done).map_err(|e| {
-                    cuda_err(rank, "ordering the caller's stream after the collective", e)
-                })?;
-                {
-                    // Later users of the slice (on any stream) wait for this point.
-                    let (_p, _written) = buf.device_ptr_mut(&stream);
-                }
-                Ok(buf)
-            },
-        )
+        };
+        cuda_hook::all_reduce_device_start(self, ctx, target, ready, move |done| {
+            stream.wait(&done).map_err(|e| {
+                cuda_err(rank, "ordering the caller's stream after the collective", e)
+            })?;
+            {
+                // Later users of the slice (on any stream) wait for this point.
+                let (_p, _written) = buf.device_ptr_mut(&stream);
+            }
+            Ok(buf)
+        })
     }
 }

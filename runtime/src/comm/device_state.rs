@@ -25,6 +25,15 @@ use railring_collectives::plan::{Algo, CollKind};
 use railring_collectives::{DataType, ReduceOp};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 
+/// A device all-reduce's buffer (device address and length) and its reduction.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeviceBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+}
+
 /// A communicator's device resources.
 pub(crate) struct DeviceState {
     ordinal: usize,
@@ -305,17 +314,19 @@ fn ensure_state<'a>(
 /// One device all-reduce inside the communicator's call order. Waits for `ready` (recorded on
 /// the caller's stream) before touching the buffer; returns an event recorded after the last
 /// write, for the caller's stream to wait on.
-#[allow(clippy::too_many_arguments)]
 fn run_all_reduce(
     g: &mut Inner,
     slot: &Slot,
     ctx: &Arc<CudaContext>,
-    ptr: u64,
-    bytes: usize,
-    dtype: DataType,
-    op: ReduceOp,
+    buf: DeviceBuf,
     ready: &CudaEvent,
 ) -> Result<CudaEvent> {
+    let DeviceBuf {
+        ptr,
+        bytes,
+        dtype,
+        op,
+    } = buf;
     let rank = g.rank;
     ctx.bind_to_thread()
         .map_err(|e| cuda_err(rank, "binding the CUDA context", e))?;
@@ -487,7 +498,6 @@ fn run_all_reduce(
 ///
 /// # Safety
 /// `work` valid for `bytes` bytes of the kind the steps' transports read and write.
-#[allow(clippy::too_many_arguments)]
 unsafe fn run_steps(
     g: &mut Inner,
     fabric: Option<&mut (dyn NodeFabric + 'static)>,
@@ -608,37 +618,29 @@ fn staged(
 }
 
 /// Blocking form: runs in call order on the caller's thread.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn all_reduce_device(
     c: &Communicator,
     ctx: &Arc<CudaContext>,
-    ptr: u64,
-    bytes: usize,
-    dtype: DataType,
-    op: ReduceOp,
+    buf: DeviceBuf,
     ready: &CudaEvent,
 ) -> Result<CudaEvent> {
     require_driver(c.rank())?;
     let slot = slot_of(c);
-    c.blocking(|g| run_all_reduce(g, &slot, ctx, ptr, bytes, dtype, op, ready))
+    c.blocking(|g| run_all_reduce(g, &slot, ctx, buf, ready))
 }
 
 /// Non-blocking form: queued behind earlier non-blocking calls on the communicator's worker.
 /// `finish` runs on the worker after the collective, with its completion event.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn all_reduce_device_start<R: Send + 'static>(
     c: &Communicator,
     ctx: Arc<CudaContext>,
-    ptr: u64,
-    bytes: usize,
-    dtype: DataType,
-    op: ReduceOp,
+    buf: DeviceBuf,
     ready: CudaEvent,
     finish: impl FnOnce(CudaEvent) -> Result<R> + Send + 'static,
 ) -> Pending<R> {
     let slot = slot_of(c);
     c.submit(move |g| {
-        let done = run_all_reduce(g, &slot, &ctx, ptr, bytes, dtype, op, &ready)?;
+        let done = run_all_reduce(g, &slot, &ctx, buf, &ready)?;
         finish(done)
     })
 }

@@ -43,8 +43,8 @@ pub struct Communicator {
     sh: Arc<Shared>,
 }
 
-/// Work for the communicator's worker thread.
-
+/// What every handle of one communicator shares: its state, the call-order tickets and the
+/// worker, plus the facts that never change (read without a lock).
 struct Shared {
     inner: Mutex<Inner>,
     turn: Mutex<(u64, u64)>,

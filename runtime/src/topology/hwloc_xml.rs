@@ -162,7 +162,6 @@ fn is_io(t: &str) -> bool {
     matches!(t, "Bridge" | "PCIDev" | "OSDev")
 }
 
-#[allow(clippy::too_many_arguments)]
 fn object(
     cx: &mut Ctx,
     n: Node,

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::store::StoreClient;
 use crate::transport::shm::{Node, ShmLink};
 use crate::transport::tcp::{RailAddr, TcpNet};
-use crate::transport::Link;
+use crate::transport::{Link, LinkId};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -91,15 +91,7 @@ impl Links for LinkTable {
                     err: e,
                 })?;
                 let l = net
-                    .device_link(
-                        store.clone(),
-                        self.comm,
-                        self.me,
-                        peer,
-                        chan,
-                        self.rail,
-                        rings,
-                    )
+                    .device_link(store.clone(), self.id(peer, chan), self.rail, rings)
                     .map_err(|e| Error::Transport {
                         rank: self.me,
                         what,
@@ -121,10 +113,7 @@ impl Links for LinkTable {
             if let Some(l) = crate::transport::rdma::link_for(
                 self.ib.as_ref(),
                 self.store.as_ref(),
-                self.comm,
-                self.me,
-                peer,
-                chan,
+                self.id(peer, chan),
                 self.rail,
             )? {
                 let e = self.map.entry(key).or_insert(l);
@@ -149,9 +138,7 @@ impl Links for LinkTable {
             if self.me < peer {
                 Box::new(
                     net.connect(
-                        self.comm,
-                        self.me,
-                        chan,
+                        self.id(peer, chan),
                         self.rail,
                         &pi.addrs,
                         self.connect_timeout,
@@ -260,6 +247,16 @@ impl LinkTable {
             ib: None,
             #[cfg(all(feature = "rdma", feature = "cuda"))]
             dev_rings: None,
+        }
+    }
+
+    /// The identity of this rank's link to `peer` on `chan`.
+    fn id(&self, peer: usize, chan: usize) -> LinkId {
+        LinkId {
+            comm: self.comm,
+            me: self.me,
+            peer,
+            chan,
         }
     }
 

@@ -25,6 +25,16 @@ pub use fabric::{NodeFabric, NodeMode, NodeOp, DESC};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
+/// Which link: the communicator, this rank, the peer and the channel — the identity both ends
+/// of a link agree on (TCP hellos and RDMA connection records carry it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkId {
+    pub comm: u64,
+    pub me: usize,
+    pub peer: usize,
+    pub chan: usize,
+}
+
 /// What kind of memory a transfer touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemKind {

@@ -4,7 +4,7 @@
 //! proves the job secret (HMAC handshake) and says which communicator, rank and channel it
 //! carries before any data flows.
 
-use super::{Link, LinkError};
+use super::{Link, LinkError, LinkId};
 use crate::store::auth;
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -299,12 +299,9 @@ impl TcpNet {
     /// Connect to `peer` (comm rank `peer_rank`) for channel `chan`, from `my_rail`, with
     /// `streams` connections striped into one link. The peer's address is the one on the same
     /// subnet as our rail (else its rail with the same index).
-    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         &self,
-        comm: u64,
-        me: usize,
-        chan: usize,
+        id: LinkId,
         my_rail: usize,
         peer_addrs: &[RailAddr],
         timeout: Duration,
@@ -312,9 +309,9 @@ impl TcpNet {
     ) -> io::Result<TcpLink> {
         let streams = streams.clamp(1, MAX_STREAMS);
         let dial = Dial {
-            comm,
-            me,
-            chan,
+            comm: id.comm,
+            me: id.me,
+            chan: id.chan,
             my_rail,
             peer_addrs,
             timeout,
@@ -626,7 +623,18 @@ mod tests {
         for streams in [1usize, 2, 3] {
             let chan = 4 + streams;
             let mut l1 = a
-                .connect(9, 0, chan, 0, &b.addrs, Duration::from_secs(2), streams)
+                .connect(
+                    LinkId {
+                        comm: 9,
+                        me: 0,
+                        peer: 1,
+                        chan,
+                    },
+                    0,
+                    &b.addrs,
+                    Duration::from_secs(2),
+                    streams,
+                )
                 .unwrap();
             // the acceptor learns the count from the connector's hellos
             let mut l2 = b
@@ -670,8 +678,34 @@ mod tests {
         let a = TcpNet::start(lo.clone(), "s").unwrap();
         let b = TcpNet::start(lo, "s").unwrap();
         let t = Duration::from_secs(2);
-        let mut c0 = a.connect(3, 0, 0, 0, &b.addrs, t, 3).unwrap();
-        let mut c1 = a.connect(3, 0, 1 << 16, 0, &b.addrs, t, 3).unwrap();
+        let mut c0 = a
+            .connect(
+                LinkId {
+                    comm: 3,
+                    me: 0,
+                    peer: 1,
+                    chan: 0,
+                },
+                0,
+                &b.addrs,
+                t,
+                3,
+            )
+            .unwrap();
+        let mut c1 = a
+            .connect(
+                LinkId {
+                    comm: 3,
+                    me: 0,
+                    peer: 1,
+                    chan: 1 << 16,
+                },
+                0,
+                &b.addrs,
+                t,
+                3,
+            )
+            .unwrap();
         let mut r1 = b.accept(3, 0, 1 << 16, t).unwrap().expect("p2p link");
         let mut r0 = b.accept(3, 0, 0, t).unwrap().expect("channel 0 link");
         assert_eq!(c0.try_send(&[7u8; 3]).unwrap(), 3);
@@ -696,7 +730,18 @@ mod tests {
         let a = TcpNet::start(lo.clone(), "s").unwrap();
         let b = TcpNet::start(lo.clone(), "s").unwrap();
         let mut l1 = a
-            .connect(7, 0, 1, 0, &b.addrs, Duration::from_secs(2), 1)
+            .connect(
+                LinkId {
+                    comm: 7,
+                    me: 0,
+                    peer: 1,
+                    chan: 1,
+                },
+                0,
+                &b.addrs,
+                Duration::from_secs(2),
+                1,
+            )
             .unwrap();
         let mut l2 = b
             .accept(7, 0, 1, Duration::from_secs(2))
@@ -715,7 +760,18 @@ mod tests {
         assert!(got.iter().all(|&x| x == 5));
         let evil = TcpNet::start(lo, "other").unwrap();
         assert!(evil
-            .connect(7, 3, 0, 0, &b.addrs, Duration::from_secs(2), 1)
+            .connect(
+                LinkId {
+                    comm: 7,
+                    me: 3,
+                    peer: 1,
+                    chan: 0
+                },
+                0,
+                &b.addrs,
+                Duration::from_secs(2),
+                1
+            )
             .is_err());
         assert!(b
             .accept(7, 3, 0, Duration::from_millis(200))

@@ -142,6 +142,7 @@ fn launch_cfg(n: u64, sms: u32) -> LaunchConfig {
 ///
 /// # Safety
 /// Every address must be valid device memory for `n` elements on `stream`'s device.
+// The arguments are the kernel's own parameter list, in its order.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn launch_reduce(
     stream: &CudaStream,

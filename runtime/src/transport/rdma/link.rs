@@ -16,15 +16,9 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Which link this is, as the bootstrap store knows it: the communicator, this rank, the peer
-/// and the channel (the keys of both sides' connection records, [`conn_keys`]).
-#[derive(Clone, Copy)]
-pub(super) struct LinkEnds {
-    pub comm: u64,
-    pub me: usize,
-    pub peer: usize,
-    pub chan: usize,
-}
+/// Which link this is, as the bootstrap store knows it (the keys of both sides' connection
+/// records, [`conn_keys`]).
+pub(super) use crate::transport::LinkId as LinkEnds;
 
 /// One signaled RDMA write: `len` bytes from `local` (registered under `lkey`) to `remote` in
 /// the peer's memory (`rkey`), with an immediate value when `imm` is set.

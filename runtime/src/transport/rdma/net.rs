@@ -2,10 +2,11 @@
 //! over them (host rings, or device rings for GPUDirect).
 
 use super::hca::HcaPort;
-use super::link::{LinkEnds, RdmaLink};
+use super::link::RdmaLink;
 use super::rings::{ring_bytes, DeviceRings};
 use super::verbs::IbDev;
 use crate::store::StoreClient;
+use crate::transport::LinkId;
 use std::io;
 use std::sync::Arc;
 
@@ -72,45 +73,21 @@ impl RdmaNet {
 
     /// [`RdmaNet::link`] with its rings in device memory (GPUDirect RDMA): the link moves
     /// device memory only through the rings' copies, and the NIC reads and writes the rings.
-    #[allow(clippy::too_many_arguments)]
     pub fn device_link(
         &self,
         store: Arc<StoreClient>,
-        comm: u64,
-        me: usize,
-        peer: usize,
-        chan: usize,
+        id: LinkId,
         rail: usize,
         rings: Box<dyn DeviceRings>,
     ) -> io::Result<RdmaLink> {
         let i = rail % self.devs.len();
-        let ends = LinkEnds {
-            comm,
-            me,
-            peer,
-            chan,
-        };
-        RdmaLink::create(self.devs[i].clone(), store, ends, Some(rings))
+        RdmaLink::create(self.devs[i].clone(), store, id, Some(rings))
     }
 
     /// Start a link to `peer` on channel `chan` (non-blocking: the connection completes inside
     /// `try_send` / `try_recv` once the peer's record is in the store).
-    pub fn link(
-        &self,
-        store: Arc<StoreClient>,
-        comm: u64,
-        me: usize,
-        peer: usize,
-        chan: usize,
-        rail: usize,
-    ) -> io::Result<RdmaLink> {
+    pub fn link(&self, store: Arc<StoreClient>, id: LinkId, rail: usize) -> io::Result<RdmaLink> {
         let i = rail % self.devs.len();
-        let ends = LinkEnds {
-            comm,
-            me,
-            peer,
-            chan,
-        };
-        RdmaLink::create(self.devs[i].clone(), store, ends, None)
+        RdmaLink::create(self.devs[i].clone(), store, id, None)
     }
 }

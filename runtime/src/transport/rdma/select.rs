@@ -137,24 +137,20 @@ pub(crate) fn select_net(rank: usize, cfg: &Config) -> Result<Option<Arc<RdmaNet
 
 /// The link `LinkTable::link` uses for a network peer when RDMA was selected (`Ok(None)`: use
 /// TCP). Errors name the peer and channel.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn link_for(
     net: Option<&Arc<RdmaNet>>,
     store: Option<&Arc<StoreClient>>,
-    comm: u64,
-    me: usize,
-    peer: usize,
-    chan: usize,
+    id: crate::transport::LinkId,
     rail: usize,
 ) -> Result<Option<Box<dyn Link>>> {
     let (Some(net), Some(store)) = (net, store) else {
         return Ok(None);
     };
     let l = net
-        .link(store.clone(), comm, me, peer, chan, rail)
+        .link(store.clone(), id, rail)
         .map_err(|e| Error::Transport {
-            rank: me,
-            what: format!("RDMA link to rank {peer} (channel {chan})"),
+            rank: id.me,
+            what: format!("RDMA link to rank {} (channel {})", id.peer, id.chan),
             err: e,
         })?;
     Ok(Some(Box::new(l)))
