@@ -1,4 +1,5 @@
-//! Per-local-rank binding: GPU, NIC(s), CPUs, and the reason for each.
+//! Per-local-rank binding: GPU, NIC(s), CPUs, and the reason for each (one concern: choosing
+//! bindings, with the binding options it is asked with and applying the CPU mask).
 //!
 //! # How a binding is chosen
 //!

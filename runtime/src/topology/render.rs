@@ -1,5 +1,6 @@
 //! Renderings of a topology and its bindings: an `nvidia-smi topo -m`
-//! style matrix, plain-text bindings, JSON, and a hand-written SVG picture.
+//! style matrix, plain-text bindings, JSON, and a hand-written SVG picture (one concern:
+//! every rendering; the tests are the last hundred lines).
 //! Every text form of a [`Binding`] is written here: [`binding_summary`]
 //! (`railrun topo`, the SVG) and [`binding_report`] (`railrun --report-bindings`).
 

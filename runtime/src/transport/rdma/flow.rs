@@ -1,5 +1,6 @@
 //! Credit-based flow control for one RDMA link, as a pure state machine (no verbs calls), so it
-//! can be tested against an in-memory model of the NIC.
+//! can be tested against an in-memory model of the NIC (one concern; the tests against that
+//! model are half the file).
 //!
 //! The protocol (both directions of a link run it independently):
 //!
