@@ -1,5 +1,8 @@
-//! Every environment knob the runtime reads, parsed in one place (the README's table lists
-//! them). Bad values are errors naming the variable, never panics.
+//! Every `RAILRING_*` knob the runtime reads, parsed once, in one place (the README's table
+//! lists them), into a [`Config`] that is passed down. Bad values are errors naming the
+//! variable, never panics. The other readers of the environment are the launch detection
+//! (`bootstrap::launch`: the launcher's variables) and the CUDA kernel compiler (the toolkit's
+//! `CUDA_HOME`); `tests/tests/architecture.rs` keeps it that way.
 
 use crate::error::{Error, Result};
 use crate::topology::{BindVars, PathClass, TopoError, Topology};

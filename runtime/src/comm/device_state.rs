@@ -1,7 +1,7 @@
-//! Device collectives' access to the communicator's internals. This is a child module of
-//! `comm` (declared there with one `#[cfg(feature = "cuda")]` line) so that it can run device
-//! calls in the communicator's call order (`blocking` / `submit`), under its poisoning rules,
-//! through the same executor and plans as host calls, without adding fields to `Inner`.
+//! The device side of a communicator (feature `cuda`): device calls run in the communicator's
+//! call order (`blocking` / `submit`), under its poisoning rules, through the same executor and
+//! plans as host calls, without adding fields to `Inner`. [`super::device`] is the public API
+//! over this.
 //!
 //! Per-communicator device state (the GPU fabric, an internal stream, a pinned staging buffer)
 //! lives in a registry keyed by the communicator's shared state, held weakly: it is created
