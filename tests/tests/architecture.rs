@@ -303,3 +303,59 @@ fn the_checker_sees_imports() {
     assert!(!paths_after("use crate::a::b;", "crate::").is_empty());
     assert!(paths_after("foo_crate::a", "crate::").is_empty());
 }
+
+/// The paths ARCHITECTURE.md's file map names: a tree of `name  description` lines, two spaces
+/// of indent per level, folders ending in `/`.
+fn file_map() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let map = text
+        .split("## File map")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a '## File map' section");
+    let block = map.split("```").nth(1).expect("the file map is a code block");
+    let mut out = BTreeSet::new();
+    let mut stack: Vec<String> = Vec::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        let depth = (line.len() - line.trim_start().len()) / 2;
+        let name = line.split_whitespace().next().unwrap().to_string();
+        stack.truncate(depth);
+        let path = format!("{}{name}", stack.concat());
+        if name.ends_with('/') {
+            stack.push(name);
+        }
+        out.insert(path);
+    }
+    out
+}
+
+#[test]
+fn the_file_map_names_every_source_file() {
+    let map = file_map();
+    let mut missing = Vec::new();
+    for dir in [
+        "collectives/src",
+        "runtime/src",
+        "runtime/tests",
+        "launcher/src",
+        "examples/src",
+        "tests/src",
+        "tests/tests",
+    ] {
+        for p in modules(&root().join(dir)).values() {
+            let rel = p
+                .strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .replace("/./", "/");
+            let rel = rel.trim_start_matches("./").to_string();
+            if !map.contains(&rel) {
+                missing.push(rel);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's file map does not name:\n{}",
+        missing.join("\n")
+    );
+}
