@@ -32,7 +32,7 @@ pub const STORE_ADDR: &str = "RAILRING_STORE_ADDR";
 /// by hand for srun / torchrun-style starts.
 pub const JOB_SECRET: &str = "RAILRING_JOB_SECRET";
 /// CPU binding mode: `none`, `numa` or `core`. Set by railrun from `--bind-to` (only when given);
-/// read by `topology::BindOptions::from_env` and `railrun topo`.
+/// read by `config` (`Config::bind`) and `railrun topo`.
 pub const BIND_TO: &str = "RAILRING_BIND_TO";
 
 /// torchrun's name for [`RANK`]. Set by railrun (per rank); read by `bootstrap::launch`
@@ -110,7 +110,7 @@ pub const GPU_SLOT: &str = "RAILRING_GPU_SLOT";
 /// NCCL or hwloc topology XML used instead of sysfs. Set by the user; read by
 /// `topology::Topology::discover` (so also by `railrun --report-bindings` and `railrun topo`).
 pub const TOPO_FILE: &str = "RAILRING_TOPO_FILE";
-/// Explicit local rank → NIC list. Set by the user; read by `topology::BindOptions::from_env`
+/// Explicit local rank → NIC list. Set by the user; read by `config` (`Config::bind`)
 /// and `railrun topo`.
 pub const NIC_MAP: &str = "RAILRING_NIC_MAP";
 /// The per-user key file srun / torchrun-style starts derive the job secret from. Set by the
