@@ -312,7 +312,10 @@ fn file_map() -> BTreeSet<String> {
         .split("## File map")
         .nth(1)
         .expect("ARCHITECTURE.md has a '## File map' section");
-    let block = map.split("```").nth(1).expect("the file map is a code block");
+    let block = map
+        .split("```")
+        .nth(1)
+        .expect("the file map is a code block");
     let mut out = BTreeSet::new();
     let mut stack: Vec<String> = Vec::new();
     for line in block.lines().filter(|l| !l.trim().is_empty()) {

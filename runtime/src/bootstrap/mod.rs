@@ -31,8 +31,13 @@ pub struct Rendezvous {
 /// Join the job `launch` describes: connect to its store (on rank 0 of a hosted store, serve it
 /// first). `Ok(None)` for [`Launch::Alone`]. [`Launch::Mpi`] goes through [`mpi`] instead.
 pub fn join(launch: Launch, connect_timeout: Duration) -> Result<Option<Rendezvous>> {
-    match launch {
-        Launch::Alone => Ok(None),
+    let (rank, size, store_addr, secret, job, server) = match launch {
+        Launch::Alone => return Ok(None),
+        Launch::Mpi { source } => {
+            return Err(Error::Invalid(format!(
+                "started by an MPI launcher ({source} is set): the MPI bootstrap joins such jobs, not the store"
+            )))
+        }
         Launch::Store {
             rank,
             size,
@@ -42,15 +47,7 @@ pub fn join(launch: Launch, connect_timeout: Duration) -> Result<Option<Rendezvo
             source,
         } => {
             tracing::info!(target: "railring::init", rank, size, "bootstrap via {source} store at {store_addr}");
-            let store = Arc::new(StoreClient::connect(&store_addr, &secret, connect_timeout)?);
-            Ok(Some(Rendezvous {
-                rank,
-                size,
-                store,
-                secret,
-                job: job_id,
-                server: None,
-            }))
+            (rank, size, store_addr, secret, job_id, None)
         }
         Launch::HostedStore {
             rank,
@@ -62,34 +59,40 @@ pub fn join(launch: Launch, connect_timeout: Duration) -> Result<Option<Rendezvo
             source,
         } => {
             let server = if rank == 0 {
-                let l = std::net::TcpListener::bind(&serve_on).map_err(|e| Error::Transport {
-                    rank,
-                    what: format!("rank 0 serving the bootstrap store on {serve_on} ({source})"),
-                    err: e,
-                })?;
-                Some(
-                    store::serve(l, &secret, Store::new()).map_err(|e| Error::Transport {
-                        rank,
-                        what: "starting the store".into(),
-                        err: e,
-                    })?,
-                )
+                Some(serve_store(rank, &serve_on, &secret, source)?)
             } else {
                 None
             };
             tracing::info!(target: "railring::init", rank, size, "bootstrap via {source}: store at {store_addr}");
-            let store = Arc::new(StoreClient::connect(&store_addr, &secret, connect_timeout)?);
-            Ok(Some(Rendezvous {
-                rank,
-                size,
-                store,
-                secret,
-                job: job_id,
-                server,
-            }))
+            (rank, size, store_addr, secret, job_id, server)
         }
-        Launch::Mpi { source } => Err(Error::Invalid(format!(
-            "started by an MPI launcher ({source} is set): the MPI bootstrap joins such jobs, not the store"
-        ))),
-    }
+    };
+    let store = Arc::new(StoreClient::connect(&store_addr, &secret, connect_timeout)?);
+    Ok(Some(Rendezvous {
+        rank,
+        size,
+        store,
+        secret,
+        job,
+        server,
+    }))
+}
+
+/// Rank 0 of a hosted store: serve the job's store on `serve_on`.
+fn serve_store(
+    rank: usize,
+    serve_on: &str,
+    secret: &str,
+    source: &str,
+) -> Result<store::ServerHandle> {
+    let l = std::net::TcpListener::bind(serve_on).map_err(|e| Error::Transport {
+        rank,
+        what: format!("rank 0 serving the bootstrap store on {serve_on} ({source})"),
+        err: e,
+    })?;
+    store::serve(l, secret, Store::new()).map_err(|e| Error::Transport {
+        rank,
+        what: "starting the store".into(),
+        err: e,
+    })
 }
