@@ -10,6 +10,7 @@ mod agent_command;
 mod agents;
 mod bindings;
 mod launch;
+mod mpi_family;
 mod program;
 mod stdin;
 
@@ -103,9 +104,6 @@ pub fn run(opts: &RunOpts) -> i32 {
     if let Some(d) = opts.dry_run {
         return dry_run(opts, &pl, d);
     }
-    if opts.report_bindings {
-        eprint!("{}", report_bindings(&pl, opts.bind_to));
-    }
     let program = match resolve_program(&opts.program) {
         Ok(p) => p,
         Err(e) => {
@@ -113,6 +111,13 @@ pub fn run(opts: &RunOpts) -> i32 {
             return EXIT_NOT_STARTED;
         }
     };
+    if let Err((code, e)) = launch::preflight(opts, &pl, &program) {
+        eprintln!("railrun: {e}");
+        return code;
+    }
+    if opts.report_bindings {
+        eprint!("{}", report_bindings(&pl, opts));
+    }
     let sink = match &opts.output_dir {
         Some(d) => match Sink::dir(d, pl.np(), opts.tag_output) {
             Ok(s) => s,
@@ -144,7 +149,7 @@ fn dry_run(opts: &RunOpts, pl: &Placement, d: DryRun) -> i32 {
         out.push('\n');
     }
     if opts.report_bindings && d == DryRun::Table {
-        out.push_str(&report_bindings(pl, opts.bind_to));
+        out.push_str(&report_bindings(pl, opts));
     }
     let _ = std::io::stdout().write_all(out.as_bytes());
     let _ = std::io::stdout().flush();
