@@ -302,19 +302,15 @@ impl AgentState {
             writer: self.writer.clone(),
             tx: Mutex::new(self.tx.clone()),
         });
-        // Binding before exec, as --report-bindings shows it (this node's lines come from
-        // here: railrun forwards the agent's stderr).
+        // Binding before exec, as --report-bindings shows it. This node's report lines and
+        // notes go to the agent's stderr, which railrun forwards as "railrun: [HOST] ...".
         let plan = NodeRanks::plan(&cmd, &spec.ranks, &self.log.host);
         if spec.report_bindings {
             let text: String = plan.report.concat();
-            let _ = write!(
-                io::stderr(),
-                "railrun: bindings on {}:\n{text}",
-                self.log.host
-            );
+            let _ = write!(io::stderr(), "bindings:\n{text}");
         }
         for n in &plan.notes {
-            let _ = writeln!(io::stderr(), "railrun: {n}");
+            let _ = writeln!(io::stderr(), "{n}");
         }
         let started = self.ranks.start(&cmd, &spec.ranks, &plan, &events);
         if let Some(stdin) = self.ranks.take_stdin() {
