@@ -153,7 +153,9 @@ impl NodeRanks {
                 .push(bind::report_line(spec.rank as usize, host, lr, ls, &text));
             plan.ranks.push(rb);
         }
-        if let Err(e) = &topo {
+        // Said when a binding was asked for; by default the report (if asked) says it.
+        let explicit = lookup(vars::BIND_TO).is_some_and(|v| !v.trim().is_empty());
+        if let (Err(e), true) = (&topo, explicit) {
             plan.notes.push(format!(
                 "cannot compute the ranks' CPU binding on {host} ({e}); they start unbound"
             ));

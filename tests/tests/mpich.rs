@@ -16,14 +16,13 @@
 
 use railring_tests::bins;
 use railring_tests::cluster::{Cluster, ClusterSpec};
-use railring_tests::proc::{collect, wait_timeout, ScratchDir};
+use railring_tests::proc::{collect, wait_timeout};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-const COLLCHECK: &str = env!("CARGO_BIN_EXE_rr-collcheck");
 const MPI_CHECK_C: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/programs/mpi_check.c");
 const MPI4PY_CHECK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/programs/mpi4py_check.py");
 
@@ -47,9 +46,12 @@ fn which(name: &str) -> Option<PathBuf> {
         })
 }
 
+/// Compiler → the program it built (`None`: no such compiler).
+type Built = Vec<(String, Option<PathBuf>)>;
+
 /// `tests/programs/mpi_check.c` built with `cc` (`mpicc.mpich` or `mpicc`), once per run.
 fn mpi_check(cc: &str) -> Option<PathBuf> {
-    static BUILT: OnceLock<Mutex<Vec<(String, Option<PathBuf>)>>> = OnceLock::new();
+    static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
     let built = BUILT.get_or_init(|| Mutex::new(Vec::new()));
     let mut b = built.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, p)) = b.iter().find(|(c, _)| c == cc) {
@@ -305,93 +307,101 @@ fn open_mpi_program_is_refused_before_it_starts() {
     );
 }
 
-/// Clean environment for an MPI launcher run from the tests.
-fn mpi_launcher(bin: &Path) -> Command {
-    let mut c = Command::new(bin);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("RAILRING_") || k.starts_with("PMI") || k.starts_with("OMPI_") {
-            c.env_remove(k);
-        }
-    }
-    c.stdin(Stdio::null());
-    c
-}
-
-/// Without the `mpi` feature, `Communicator::init` under MPICH's mpiexec bootstraps through its
-/// PMI-1 server: one job of three ranks, every element of an all-reduce checked.
+/// railring programs of the default build (no `mpi` feature) under MPI launchers.
 #[cfg(not(feature = "mpi"))]
-#[test]
-fn railring_program_under_mpich_mpiexec() {
-    let test = "railring_program_under_mpich_mpiexec";
-    let Some(mpiexec) = which("mpiexec.mpich") else {
-        return skip(test, "mpiexec.mpich not found");
-    };
-    let mut c = mpi_launcher(&mpiexec);
-    c.args(["-n", "3", COLLCHECK, "allreduce", "100000"]);
-    let (o, _) = run(
-        c,
-        Duration::from_secs(60),
-        "mpiexec.mpich -n 3 rr-collcheck",
-    );
-    let out = text(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{:?}\n{out}\n{}",
-        o.status,
-        text(&o.stderr)
-    );
-    for r in 0..3 {
+mod without_the_mpi_feature {
+    use super::*;
+    use railring_tests::proc::ScratchDir;
+    use std::path::Path;
+
+    const COLLCHECK: &str = env!("CARGO_BIN_EXE_rr-collcheck");
+
+    /// Clean environment for an MPI launcher run from the tests.
+    fn mpi_launcher(bin: &Path) -> Command {
+        let mut c = Command::new(bin);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("RAILRING_") || k.starts_with("PMI") || k.starts_with("OMPI_") {
+                c.env_remove(k);
+            }
+        }
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// Without the `mpi` feature, `Communicator::init` under MPICH's mpiexec bootstraps through its
+    /// PMI-1 server: one job of three ranks, every element of an all-reduce checked.
+    #[test]
+    fn railring_program_under_mpich_mpiexec() {
+        let test = "railring_program_under_mpich_mpiexec";
+        let Some(mpiexec) = which("mpiexec.mpich") else {
+            return skip(test, "mpiexec.mpich not found");
+        };
+        let mut c = mpi_launcher(&mpiexec);
+        c.args(["-n", "3", COLLCHECK, "allreduce", "100000"]);
+        let (o, _) = run(
+            c,
+            Duration::from_secs(60),
+            "mpiexec.mpich -n 3 rr-collcheck",
+        );
+        let out = text(&o.stdout);
         assert!(
-            out.lines()
-                .any(|l| l.starts_with(&format!("OK rank {r} of 3 "))),
-            "rank {r}:\n{out}\n{}",
+            o.status.success(),
+            "{:?}\n{out}\n{}",
+            o.status,
             text(&o.stderr)
         );
+        for r in 0..3 {
+            assert!(
+                out.lines()
+                    .any(|l| l.starts_with(&format!("OK rank {r} of 3 "))),
+                "rank {r}:\n{out}\n{}",
+                text(&o.stderr)
+            );
+        }
     }
-}
 
-/// Without the `mpi` feature, under Open MPI's mpirun (no PMI-1 socket): a clear error, never
-/// two worlds of one — for a test program and for the shipped railperf.
-#[cfg(not(feature = "mpi"))]
-#[test]
-fn railring_program_under_open_mpi_mpirun_says_what_to_do() {
-    let test = "railring_program_under_open_mpi_mpirun_says_what_to_do";
-    let Some(mpirun) = which("mpirun") else {
-        return skip(test, "Open MPI's mpirun not found");
-    };
-    let railperf = bins::workspace_bin("railring-examples", "railperf");
-    for prog in [
-        vec![COLLCHECK.to_string(), "allreduce".into(), "1000".into()],
-        vec![
-            railperf.to_str().unwrap().to_string(),
-            "-b".into(),
-            "8".into(),
-            "-e".into(),
-            "8".into(),
-        ],
-    ] {
-        let tmp = ScratchDir::new("rr-mpirun");
-        let mut c = mpi_launcher(&mpirun);
-        c.args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "--mca",
-            "orte_tmpdir_base",
-        ])
-        .arg(tmp.path())
-        .args(["-np", "2"])
-        .args(&prog);
-        let what = format!("mpirun -np 2 {}", prog.join(" "));
-        let (o, _) = run(c, Duration::from_secs(60), &what);
-        let (out, err) = (text(&o.stdout), text(&o.stderr));
-        assert!(!o.status.success(), "{what} succeeded:\n{out}\n{err}");
-        assert!(
-            err.contains("OMPI_COMM_WORLD_SIZE")
-                && err.contains("built without railring's `mpi` feature")
-                && err.contains("--features mpi")
-                && err.contains("railrun"),
-            "{what}:\n{err}"
-        );
-        assert!(!out.contains("OK rank"), "{what} ran:\n{out}");
+    /// Without the `mpi` feature, under Open MPI's mpirun (no PMI-1 socket): a clear error, never
+    /// two worlds of one — for a test program and for the shipped railperf.
+    #[test]
+    fn railring_program_under_open_mpi_mpirun_says_what_to_do() {
+        let test = "railring_program_under_open_mpi_mpirun_says_what_to_do";
+        let Some(mpirun) = which("mpirun") else {
+            return skip(test, "Open MPI's mpirun not found");
+        };
+        let railperf = bins::workspace_bin("railring-examples", "railperf");
+        for prog in [
+            vec![COLLCHECK.to_string(), "allreduce".into(), "1000".into()],
+            vec![
+                railperf.to_str().unwrap().to_string(),
+                "-b".into(),
+                "8".into(),
+                "-e".into(),
+                "8".into(),
+            ],
+        ] {
+            let tmp = ScratchDir::new("rr-mpirun");
+            let mut c = mpi_launcher(&mpirun);
+            c.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--mca",
+                "orte_tmpdir_base",
+            ])
+            .arg(tmp.path())
+            .args(["-np", "2"])
+            .args(&prog);
+            let what = format!("mpirun -np 2 {}", prog.join(" "));
+            let (o, _) = run(c, Duration::from_secs(60), &what);
+            let (out, err) = (text(&o.stdout), text(&o.stderr));
+            assert!(!o.status.success(), "{what} succeeded:\n{out}\n{err}");
+            assert!(
+                err.contains("OMPI_COMM_WORLD_SIZE")
+                    && err.contains("built without railring's `mpi` feature")
+                    && err.contains("--features mpi")
+                    && err.contains("railrun"),
+                "{what}:\n{err}"
+            );
+            assert!(!out.contains("OK rank"), "{what} ran:\n{out}");
+        }
     }
 }

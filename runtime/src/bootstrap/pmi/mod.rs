@@ -208,7 +208,7 @@ fn pieces(hex: &str, max: usize) -> Vec<&str> {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len() / 2)
@@ -276,6 +276,86 @@ mod tests {
         assert!(pieces("", 4).is_empty());
         assert_eq!(unhex(&auth::hex(b"\x00\xffhi")).unwrap(), b"\x00\xffhi");
         assert!(unhex("abc").is_none() && unhex("zz").is_none());
+    }
+
+    /// A one-rank job through a PMI-1 server speaking the wire protocol on a socket pair: the
+    /// offer goes through put / barrier / get, the store it names works, and the socket cannot
+    /// be taken twice.
+    #[test]
+    fn a_rendezvous_through_a_pmi_server() {
+        use std::collections::HashMap;
+        use std::io::BufRead;
+        use std::os::unix::io::IntoRawFd;
+        let (client, server) = UnixStream::pair().unwrap();
+        let seen = std::thread::spawn(move || {
+            let mut r = BufReader::new(server.try_clone().unwrap());
+            let mut w = server;
+            let mut kv: HashMap<String, String> = HashMap::new();
+            let mut cmds = Vec::new();
+            loop {
+                let mut l = String::new();
+                if r.read_line(&mut l).unwrap() == 0 {
+                    return cmds;
+                }
+                let m = Message::parse(l.as_bytes()).unwrap();
+                cmds.push(m.cmd.clone());
+                let resp = match m.cmd.as_str() {
+                    "init" => Message::new("response_to_init").with("rc", 0),
+                    "get_maxes" => Message::new("maxes")
+                        .with("kvsname_max", 256)
+                        .with("keylen_max", 64)
+                        .with("vallen_max", 40),
+                    "get_my_kvsname" => Message::new("my_kvsname").with("kvsname", "k"),
+                    "put" => {
+                        kv.insert(m.get("key").unwrap().into(), m.get("value").unwrap().into());
+                        Message::new("put_result").with("rc", 0)
+                    }
+                    "get" => match kv.get(m.get("key").unwrap()) {
+                        Some(v) => Message::new("get_result").with("rc", 0).with("value", v),
+                        None => Message::new("get_result").with("rc", -1),
+                    },
+                    "barrier_in" => Message::new("barrier_out"),
+                    "finalize" => Message::new("finalize_ack"),
+                    _ => Message::new("x").with("rc", -1),
+                };
+                w.write_all(resp.encode().as_bytes()).unwrap();
+            }
+        });
+        let fd = client.into_raw_fd();
+        let rv = rendezvous(0, 1, fd, Duration::from_secs(10)).expect("rendezvous");
+        assert_eq!((rv.rank, rv.size), (0, 1));
+        rv.store.set("k", b"v").unwrap();
+        assert_eq!(rv.store.get("k", Duration::from_secs(1)).unwrap(), b"v");
+        assert!(rv.server.is_some());
+        let cmds = seen.join().unwrap();
+        // The offer (hundreds of hex digits) was cut into values of at most 39.
+        assert!(cmds.iter().filter(|c| *c == "put").count() > 3, "{cmds:?}");
+        assert_eq!(cmds.last().map(String::as_str), Some("finalize"));
+        // Once per process.
+        let (a, _b) = UnixStream::pair().unwrap();
+        let e = Client::from_fd(a.into_raw_fd(), Duration::from_secs(1))
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("already bootstrapped"), "{e}");
+    }
+
+    /// A server that answers with something else than PMI-1: an error that says so, no hang.
+    #[test]
+    fn a_server_that_is_not_pmi_1_is_an_error() {
+        let (client, server) = UnixStream::pair().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut w = server;
+            w.write_all(b"\x00\x00\x00\x05hello\n").unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+        });
+        let mut c = Client {
+            r: BufReader::new(client.try_clone().unwrap()),
+            w: client,
+            fd: -1,
+        };
+        let e = c.init().unwrap_err().to_string();
+        assert!(e.contains("PMI-1"), "{e}");
+        t.join().unwrap();
     }
 
     #[test]
