@@ -2,7 +2,8 @@
 //!
 //! * a real MPICH program (`tests/programs/mpi_check.c`, compiled here with `mpicc.mpich`)
 //!   under railrun through its PMI-1 server, locally and across the emulated cluster (2 hosts x
-//!   2 ranks): ranks, size, hosts and an `MPI_Allreduce` checked element by element;
+//!   2 ranks, MPICH's data over the rail): ranks, size, hosts and an `MPI_Allreduce` checked
+//!   element by element;
 //!   `MPI_Abort` ends the job with its error code; mpi4py built against MPICH when it is
 //!   installed (`RAILRING_TEST_MPI4PY_MPICH`, see scripts/test; otherwise `SKIPPED`);
 //! * the same program built with Open MPI's `mpicc`: refused before the start with a message
@@ -196,6 +197,8 @@ fn mpich_program_across_cluster_hosts() {
     let hf = c.hostfile(2).unwrap();
     let ssh = c.ssh_command();
     let rr = bins::railrun().to_str().unwrap().to_string();
+    // UCX (MPICH's network layer) over TCP on the rail: the emulated hosts share one kernel,
+    // and UCX's shared-memory transports would otherwise carry data between them.
     let argv = [
         rr.as_str(),
         "--ssh",
@@ -204,12 +207,17 @@ fn mpich_program_across_cluster_hosts() {
         "15",
         "--hostfile",
         hf.to_str().unwrap(),
+        "-x",
+        "UCX_TLS=tcp,self",
+        "-x",
+        "UCX_NET_DEVICES=rail0",
         "-np",
         "4",
         prog.to_str().unwrap(),
         "check",
         "300000",
     ];
+    let (tx0, _) = c.rail_bytes("n1", 0).unwrap();
     let mut cmd = c.exec("head", &argv);
     cmd.env_remove("SLURM_JOB_NODELIST")
         .env_remove("SLURM_NODELIST")
@@ -222,6 +230,14 @@ fn mpich_program_across_cluster_hosts() {
     );
     let hosts = check_ranks(&o, 4, 300_000, "mpi_check on n1, n2 (MPICH)");
     assert_eq!(hosts, ["n1", "n1", "n2", "n2"], "{}", text(&o.stderr));
+    // The all-reduce crossed the emulated network between the hosts (at least half of the
+    // 2.4 MB leaves n1 on its rail).
+    let (tx1, _) = c.rail_bytes("n1", 0).unwrap();
+    assert!(
+        tx1 - tx0 >= 300_000 * 8 / 2,
+        "n1 sent {} bytes on rail0",
+        tx1 - tx0
+    );
     for h in ["head", "n1", "n2"] {
         if let Err(left) = c.wait_no_survivors(h, Duration::from_secs(5)) {
             panic!("processes left on {h}: {left:?}");
