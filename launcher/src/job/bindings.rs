@@ -39,7 +39,7 @@ fn report_with(
         );
         if !is_local(&r.host) {
             out.push_str(&format!(
-                "{head}: (remote: its node's agent reports it when it starts the rank)\n"
+                "{head}: (remote: computed and reported by its node's agent when the job starts)\n"
             ));
             continue;
         }
@@ -107,7 +107,7 @@ mod tests {
         );
         assert_eq!(
             lines[3],
-            "  rank 2 on there (local rank 0/1): (remote: its node's agent reports it when it starts the rank)"
+            "  rank 2 on there (local rank 0/1): (remote: computed and reported by its node's agent when the job starts)"
         );
     }
 
@@ -122,6 +122,6 @@ mod tests {
         // No local rank: the topology is not even looked at.
         let pl = placement("there:1", 1);
         let text = report_with(&pl, |_| false, || panic!("asked for the topology"));
-        assert!(text.ends_with("when it starts the rank)\n"), "{text}");
+        assert!(text.ends_with("when the job starts)\n"), "{text}");
     }
 }
