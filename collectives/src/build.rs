@@ -156,19 +156,9 @@ mod tests {
         for l in [Layout::block(8, 4), Layout::single_node(8)] {
             for kind in CollKind::ALL {
                 for &algo in algorithms_for(kind) {
-                    // two_level reduce-scatter / all-gather exist on one node only
-                    let node_only = algo == Algo::TwoLevel
-                        && matches!(kind, CollKind::ReduceScatter | CollKind::AllGather);
                     for r in 0..8 {
                         let b = build_plan(kind, algo, &l, r, 100, 3);
-                        if node_only && l.nodes.len() > 1 {
-                            assert!(
-                                matches!(b, Err(PlanError::Unsupported { .. })),
-                                "{kind} {algo}"
-                            );
-                        } else {
-                            assert!(b.is_ok(), "{kind} {algo} {l:?}");
-                        }
+                        assert!(b.is_ok(), "{kind} {algo} {l:?}");
                     }
                 }
             }

@@ -594,11 +594,19 @@ mod tests {
         let m = CostModel::default_cpu();
         let l = Layout::block(8, 4);
         assert_eq!(m.choose(CollKind::AllToAll, &l, 10, 4, 0).0, Algo::Pairwise);
-        assert_eq!(m.choose(CollKind::AllGather, &l, 10, 4, 0).0, Algo::Ring);
-        assert_eq!(
-            m.choose(CollKind::ReduceScatter, &l, 10, 4, 0).0,
-            Algo::Ring
-        );
+        // Two nodes of four: the two-level plans cross the network once per rail instead of
+        // the flat ring's seven network-bound steps, at every size.
+        for count in [10, 1 << 20] {
+            for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+                let (a, why) = m.choose(kind, &l, count, 4, 0);
+                assert_eq!(a, Algo::TwoLevel, "{kind} x{count}: {why}");
+            }
+        }
+        // Non-uniform layouts have no two-level plan: the ring it is.
+        let odd = Layout {
+            nodes: vec![vec![0, 1, 2], vec![3]],
+        };
+        assert_eq!(m.choose(CollKind::AllGather, &odd, 10, 4, 0).0, Algo::Ring);
         assert_eq!(m.choose(CollKind::Reduce, &l, 10, 4, 7).0, Algo::Tree);
         let (a, why) = m.choose(CollKind::SendRecv, &l, 10, 4, 0);
         assert_eq!(a, Algo::Ring);

@@ -65,18 +65,105 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
     })
 }
 
-/// Reduce-scatter on one node: the shared-memory fabric's reduce-scatter with every rank's block
-/// as its slice (`Work` has `count * n`; rank r's block ends reduced). Several nodes: unsupported
-/// (blocks owned by one local rank are not contiguous across nodes); the chooser takes the ring.
+/// Two-level reduce-scatter (`Work` has `count * n`; rank r's block `[r*count, (r+1)*count)`
+/// ends reduced). On one node: the fabric's reduce-scatter with every rank's block as its slice.
+/// Across N nodes of L ranks (uniform layouts; others are refused and the chooser takes the
+/// ring), mirroring the all-reduce so every rail carries a ring:
+///
+/// 1. For each node j, one in-node reduce-scatter over the L blocks of node j's ranks: local
+///    rank i then holds block `nodes[j][i]` reduced over its node, for every j (the blocks a
+///    local rank owns are not contiguous when ranks are not numbered node by node, hence one
+///    step per node).
+/// 2. Local rank i runs a ring reduce-scatter (channel i) with local rank i of every other node
+///    over those N blocks: afterwards it holds its own block reduced over every node.
+///
+/// Each element is reduced inside each node in local-rank order, then along one ring chain.
 pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    node_only(CollKind::ReduceScatter, layout, rank, count)
+    if layout.nodes.len() == 1 {
+        return node_only(CollKind::ReduceScatter, layout, rank, count);
+    }
+    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let mut steps = Vec::new();
+    if count > 0 {
+        let block = |j: usize| Region::work(layout.nodes[j][local] * count, count);
+        if group.len() > 1 {
+            for j in 0..layout.nodes.len() {
+                steps.push(Step::NodeReduceScatter {
+                    group: group.clone(),
+                    slices: column(layout, j, count),
+                });
+            }
+        }
+        ring_reduce_scatter(&mut steps, &ring, node, &block, local);
+    }
+    Ok(plan(CollKind::ReduceScatter, rank, steps))
 }
 
-/// All-gather on one node: the fabric's all-gather with every rank's block as its slice.
+/// Two-level all-gather (`Work` has `count * n`; on entry rank r's block holds its
+/// contribution). On one node: the fabric's all-gather. Across nodes (uniform layouts): local
+/// rank i first runs a ring all-gather (channel i) with local rank i of every other node, so it
+/// holds the blocks of local rank i of every node; then, for each node j, one in-node
+/// all-gather of node j's L blocks.
 pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    node_only(CollKind::AllGather, layout, rank, count)
+    if layout.nodes.len() == 1 {
+        return node_only(CollKind::AllGather, layout, rank, count);
+    }
+    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let mut steps = Vec::new();
+    if count > 0 {
+        let block = |j: usize| Region::work(layout.nodes[j][local] * count, count);
+        ring_all_gather(&mut steps, &ring, node, &block, local);
+        if group.len() > 1 {
+            for j in 0..layout.nodes.len() {
+                steps.push(Step::NodeAllGather {
+                    group: group.clone(),
+                    slices: column(layout, j, count),
+                });
+            }
+        }
+    }
+    Ok(plan(CollKind::AllGather, rank, steps))
 }
 
+/// This rank's node group, local index, ring (local rank `local` of every node, in node order)
+/// and node index, for the two-level collectives across nodes (uniform layouts only).
+fn across_nodes(
+    layout: &Layout,
+    rank: usize,
+) -> Result<(Vec<usize>, usize, Vec<usize>, usize), PlanError> {
+    let ctx = Ctx::new(layout, rank)?;
+    if !layout.uniform() {
+        return Err(PlanError::NonUniform {
+            algo: Algo::TwoLevel,
+            sizes: layout.nodes.iter().map(|n| n.len()).collect(),
+        });
+    }
+    let (node, local) = layout
+        .locate(rank)
+        .ok_or(PlanError::BadRank { rank, n: ctx.n })?;
+    let ring = layout.nodes.iter().map(|n| n[local]).collect();
+    Ok((layout.nodes[node].clone(), local, ring, node))
+}
+
+/// The blocks of node `j`'s ranks as in-node slices: slice i is the block of `nodes[j][i]`.
+fn column(layout: &Layout, j: usize, count: usize) -> Vec<Region> {
+    layout.nodes[j]
+        .iter()
+        .map(|&r| Region::work(r * count, count))
+        .collect()
+}
+
+fn plan(kind: CollKind, rank: usize, steps: Vec<Step>) -> Plan {
+    Plan {
+        kind,
+        algo: Algo::TwoLevel,
+        rank,
+        steps,
+    }
+}
+
+/// Reduce-scatter or all-gather on one node: the fabric's collective with every rank's block as
+/// its slice.
 fn node_only(
     kind: CollKind,
     layout: &Layout,
@@ -84,12 +171,6 @@ fn node_only(
     count: usize,
 ) -> Result<Plan, PlanError> {
     let ctx = Ctx::new(layout, rank)?;
-    if layout.nodes.len() != 1 {
-        return Err(PlanError::Unsupported {
-            kind,
-            algo: Algo::TwoLevel,
-        });
-    }
     let group = layout.nodes[0].clone();
     let mut steps = Vec::new();
     if count > 0 && ctx.n > 1 {
@@ -103,12 +184,7 @@ fn node_only(
             _ => Step::NodeAllGather { group, slices },
         });
     }
-    Ok(Plan {
-        kind,
-        algo: Algo::TwoLevel,
-        rank,
-        steps,
-    })
+    Ok(plan(kind, rank, steps))
 }
 
 #[cfg(test)]
@@ -116,6 +192,41 @@ mod tests {
     use super::*;
     use crate::check::{check, CheckError};
     use crate::testing::{plans, run_matrix};
+
+    #[test]
+    fn reduce_scatter_and_all_gather_across_nodes() {
+        for kind in [CollKind::ReduceScatter, CollKind::AllGather] {
+            let cases = run_matrix(kind, Algo::TwoLevel, true);
+            assert!(cases > 100, "{kind}: {cases} cases");
+        }
+        // Every network exchange stays on the rank's own ring (channel = local index) and
+        // every in-node step is over the rank's own node.
+        let layout = Layout {
+            nodes: vec![vec![0, 3, 4], vec![1, 5, 7], vec![2, 6, 8]],
+        };
+        for kind in [CollKind::ReduceScatter, CollKind::AllGather] {
+            for rank in 0..9 {
+                let (node, local) = layout.locate(rank).unwrap();
+                let p = crate::build::build_plan(kind, Algo::TwoLevel, &layout, rank, 5, 0)
+                    .unwrap();
+                for st in &p.steps {
+                    match st {
+                        Step::Exchange { send, recv, .. } => {
+                            for x in send.iter().chain(recv.iter()) {
+                                assert_eq!(x.chan, local);
+                                assert_eq!(layout.locate(x.peer).unwrap().1, local);
+                            }
+                        }
+                        Step::NodeReduceScatter { group, .. }
+                        | Step::NodeAllGather { group, .. } => {
+                            assert_eq!(group, &layout.nodes[node])
+                        }
+                        other => panic!("unexpected step {other:?}"),
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn single_node_reduce_scatter_and_all_gather() {
@@ -130,8 +241,14 @@ mod tests {
             }
         }
         assert!(matches!(
-            reduce_scatter(&Layout::block(4, 2), 0, 3),
-            Err(PlanError::Unsupported { .. })
+            reduce_scatter(
+                &Layout {
+                    nodes: vec![vec![0, 1], vec![2]]
+                },
+                0,
+                3
+            ),
+            Err(PlanError::NonUniform { .. })
         ));
     }
 
