@@ -129,7 +129,12 @@ impl Communicator {
         self.submit(move |g| {
             let _keep = keep;
             // SAFETY: the caller's contract; the regions do not overlap (checked above).
-            g.all_reduce_from(unsafe { o.bytes_mut() }, Some(unsafe { i.bytes() }), dtype, op)
+            g.all_reduce_from(
+                unsafe { o.bytes_mut() },
+                Some(unsafe { i.bytes() }),
+                dtype,
+                op,
+            )
         })
     }
 
@@ -426,11 +431,10 @@ mod tests {
             .unwrap_err();
             assert!(e.to_string().contains("overlap"), "{e}");
             // SAFETY: refused before anything touches the memory.
-            let e = unsafe {
-                c.all_reduce_start_ptr(p, 6, DataType::F32, ReduceOp::Sum, Box::new(()))
-            }
-            .wait()
-            .unwrap_err();
+            let e =
+                unsafe { c.all_reduce_start_ptr(p, 6, DataType::F32, ReduceOp::Sum, Box::new(())) }
+                    .wait()
+                    .unwrap_err();
             assert!(e.to_string().contains("whole number"), "{e}");
         });
     }
