@@ -47,3 +47,35 @@ def test_unusable_tensors_are_clear_errors(comm):
         comm.all_reduce(t.t())
     with pytest.raises(ValueError, match="does not reduce dtype|unsupported|bool"):
         comm.all_reduce(torch.zeros(3, dtype=torch.bool))
+
+
+def test_torch_distributed_backend_ddp_step(comm):
+    """dist.init_process_group("railring") and one DistributedDataParallel step: every rank's
+    gradient is the average of all ranks' gradients, element by element."""
+    import torch.distributed as dist
+
+    import railring.torch_backend  # noqa: F401  registers the backend
+
+    n, r = comm.size, comm.rank
+    dist.init_process_group("railring")
+    try:
+        assert dist.get_rank() == r and dist.get_world_size() == n
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp(torch.full((2, 4), float(r + 1))).sum().backward()
+        want = sum(2.0 * (q + 1) for q in range(n)) / n  # d/dW of sum(W x) = column sums of x
+        assert torch.equal(model.weight.grad, torch.full((3, 4), want))
+        assert torch.equal(model.bias.grad, torch.full((3,), 2.0))
+        t = torch.tensor([float(r)])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        assert t.item() == n - 1
+        b = torch.full((5,), float(r))
+        dist.broadcast(b, src=n - 1)
+        assert torch.equal(b, torch.full((5,), float(n - 1)))
+        outs = [torch.zeros(2) for _ in range(n)]
+        dist.all_gather(outs, torch.tensor([r, 10.0 * r]))
+        assert all(torch.equal(outs[q], torch.tensor([q, 10.0 * q])) for q in range(n))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
