@@ -20,25 +20,23 @@ from railring.study.predict import _rows
 STUDY = """
 name = "t"
 emulate_nodes = true
-nodes = [1, 2]
 ranks_per_node = [2]
 collectives = ["allreduce"]
 sizes = {{ min = "1K", max = "64K", factor = 8 }}
-algorithms = ["auto", "ring"]
-repetitions = 2
 iters = 3
 warmup = 1
 railrun = "{railrun}"
 railperf = "{railperf}"
 {extra}
 """
+MATRIX = 'nodes = [1, 2]\nalgorithms = ["auto", "ring"]\nrepetitions = 2\n'  # 8 points
 
 
 @pytest.fixture
 def study(tmp_path, railrun):
     from conftest import find_bin
 
-    def make(extra="", railperf=None):
+    def make(extra=MATRIX, railperf=None):
         p = tmp_path / "study.toml"
         p.write_text(STUDY.format(railrun=railrun, railperf=railperf or find_bin("railperf"), extra=extra))
         return p
@@ -143,7 +141,7 @@ def test_failures_are_reported_not_retried(study, tmp_path):
     bad = tmp_path / "failing-perf"
     bad.write_text("#!/bin/sh\necho 'railperf: oops' >&2\nexit 3\n")
     bad.chmod(0o755)
-    s = study(extra="", railperf=bad)
+    s = study(railperf=bad)
     out = tmp_path / "out"
     p = runner([s, "-o", out, "--no-plots"])
     _, err = p.communicate(timeout=300)
@@ -165,7 +163,7 @@ def test_prediction_plot_is_optional(study, tmp_path):
     pytest.importorskip("matplotlib", reason="the plots need matplotlib")
     fabric = tmp_path / "fabric.toml"
     fabric.write_text("# a fabric file for railrun plan\n")
-    s = study(extra=f'fabric = "{fabric}"\nrepetitions = 1\n'.replace("repetitions = 1\n", ""))
+    s = study(extra=f'fabric = "{fabric}"\n')  # one point: 1 node x 2 ranks
     out = tmp_path / "out"
     p = runner([s, "-o", out])
     _, err = p.communicate(timeout=300)
