@@ -43,3 +43,8 @@ class PoisonedError(Error):
 class BootstrapError(Error):
     """Joining the job failed: the bootstrap store could not be reached or authenticated, or a
     launcher variable is malformed."""
+
+
+# Tracebacks say railring.MismatchError, the name users import.
+for _cls in (Error, MismatchError, TimeoutError, PeerDeadError, InvalidArgumentError, PoisonedError, BootstrapError):
+    _cls.__module__ = "railring"

@@ -193,3 +193,11 @@ def test_dry_run_lists_points_and_commands(study, tmp_path):
     assert lines[-1] == "8 points × 3 sizes"
     assert "RAILRING_HOST_ID=emunode$((RAILRING_RANK / 2))" in p.stdout
     assert "-x RAILRING_ALGO=ring" in p.stdout
+
+
+def test_example_studies_load(repo):
+    files = sorted((repo / "examples/studies").glob("*.toml")) + sorted((repo / "examples/studies").glob("*.json"))
+    assert len(files) >= 3
+    for f in files:
+        st = load(f)
+        assert st.points(), f

@@ -1,5 +1,5 @@
-"""python -m railring.study STUDY.toml [-o DIR] [--hostfile F] [--ssh CMD] [--retry-failed]
-[--dry-run] [--no-plots] [--plot-only]
+"""python -m railring.study STUDY.toml [-o DIR] [--hostfile F] [--ssh CMD] [--fabric F]
+[--retry-failed] [--dry-run] [--no-plots] [--plot-only]
 
 Runs the study's matrix with a progress line, writes one row per measurement, resumes where an
 interrupted run stopped, and draws the plots. Exit status: 0 all points measured, 1 some failed
@@ -22,6 +22,7 @@ def main(argv=None):
     ap.add_argument("-o", "--out", help="output folder (default: <study name>-results next to the study file)")
     ap.add_argument("--hostfile", help="use this hostfile instead of the study's (e.g. an emulated cluster's)")
     ap.add_argument("--ssh", help="remote shell command for railrun (instead of the study's)")
+    ap.add_argument("--fabric", help="a fabric file for `railrun plan`: adds the measured-vs-predicted plot")
     ap.add_argument("--retry-failed", action="store_true", help="run points that failed in an earlier run again")
     ap.add_argument("--dry-run", action="store_true", help="print the points and their commands; run nothing")
     ap.add_argument("--no-plots", action="store_true", help="write the results only")
@@ -37,6 +38,10 @@ def main(argv=None):
                 raise StudyError(f"--hostfile {a.hostfile}: lists {len(st.hosts)} hosts, the study needs {max(st.nodes)}")
         if a.ssh:
             st.ssh = a.ssh
+        if a.fabric:
+            st.fabric = Path(a.fabric).resolve()
+            if not st.fabric.exists():
+                raise StudyError(f"--fabric {a.fabric}: no such file")
     except StudyError as e:
         print(f"railring.study: {e}", file=sys.stderr)
         return 2
