@@ -410,6 +410,24 @@ impl PyComm {
         Ok(r.obj)
     }
 
+    /// Benchmark aid (not API): `iters` in-place all-reduces of `buf` run in a Rust loop behind
+    /// one binding crossing — the baseline `examples/python/perf.py --paired` compares the
+    /// Python call path against, in the same job, interleaved.
+    #[pyo3(signature = (buf, iters, op = "sum"))]
+    fn _repeat_all_reduce(&self, buf: &Bound<'_, PyAny>, iters: usize, op: &str) -> PyResult<()> {
+        let op = op_of(op)?;
+        let b = array(buf, "_repeat_all_reduce", "buf", true)?;
+        let m = b.mem;
+        // SAFETY: `b` holds the array for the call.
+        self.run(buf.py(), |c| {
+            let bytes = unsafe { m.bytes_mut() };
+            for _ in 0..iters {
+                c.all_reduce_raw(bytes, m.dtype, op)?;
+            }
+            Ok(())
+        })
+    }
+
     /// Wait until every rank has called `barrier`.
     fn barrier(&self, py: Python<'_>) -> PyResult<()> {
         self.run(py, |c| c.barrier())
