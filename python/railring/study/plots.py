@@ -43,6 +43,17 @@ def config_label(c, study):
     return s
 
 
+def panel_label(c, study, with_rpn):
+    """A configuration inside its node count's panel: algorithm (rails, ranks per node)."""
+    _, _, rpn, algo, rails = c
+    s = algo.replace("_", "-")
+    if study.rail_ifnames:
+        s += f", {rails} rail{'s' if rails != 1 else ''}"
+    if with_rpn:
+        s += f", {rpn} rank{'s' if rpn != 1 else ''}/node"
+    return s
+
+
 def aggregate(rows, metric="ip_busbw"):
     """{config: {size: [values over repetitions]}}. A one-rank job moves no bytes between ranks
     (its busbw is 0 by definition): left out."""
@@ -83,6 +94,8 @@ def _note(study):
 
 
 def plot_busbw(study, rows, out):
+    """One figure per collective, one panel per node count (each with its own y scale: a node's
+    shared memory and a network differ by orders of magnitude), one line per configuration."""
     plt = _plt()
     agg = aggregate(rows)
     paths = []
@@ -90,26 +103,31 @@ def plot_busbw(study, rows, out):
         configs = sorted(c for c in agg if c[0] == coll)
         if not configs:
             continue
-        fig, ax = plt.subplots(figsize=(9, 5.2))
+        nodes = sorted({c[1] for c in configs})
+        fig, axes = plt.subplots(1, len(nodes), figsize=(4.6 * len(nodes) + 1.5, 5.2), squeeze=False)
         sizes = set()
-        for c in configs:
-            xs = sorted(agg[c])
-            sizes.update(xs)
-            med = [statistics.median(agg[c][s]) for s in xs]
-            lo = [m - min(agg[c][s]) for m, s in zip(med, xs)]
-            hi = [max(agg[c][s]) - m for m, s in zip(med, xs)]
-            ax.errorbar(xs, med, yerr=[lo, hi], marker="o", markersize=3.5, capsize=2.5,
-                        linewidth=1.4, label=config_label(c, study))
-        _size_axis(ax, sizes)
-        ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.set_ylim(bottom=0)
+        many_rpn = len({c[2] for c in configs}) > 1
+        for ax, nn in zip(axes[0], nodes):
+            for c in (c for c in configs if c[1] == nn):
+                xs = sorted(agg[c])
+                sizes.update(xs)
+                med = [statistics.median(agg[c][s]) for s in xs]
+                lo = [m - min(agg[c][s]) for m, s in zip(med, xs)]
+                hi = [max(agg[c][s]) - m for m, s in zip(med, xs)]
+                ax.errorbar(xs, med, yerr=[lo, hi], marker="o", markersize=3.5, capsize=2.5,
+                            linewidth=1.4, label=panel_label(c, study, many_rpn))
+            _size_axis(ax, sizes)
+            ax.set_ylabel("bus bandwidth (GB/s)")
+            ax.set_ylim(bottom=0)
+            rpn = sorted({c[2] for c in configs if c[1] == nn})
+            ax.set_title(f"{nn} node{'s' if nn != 1 else ''} × {'/'.join(map(str, rpn))} rank{'s' if rpn != [1] else ''}",
+                         fontsize=10)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8, loc="best")
         reps = study.repetitions
-        ax.set_title(f"{study.name}: {coll} bus bandwidth vs size\n"
-                     f"median of {reps} run{'s' if reps != 1 else ''} (bars: min–max); {_note(study)}",
-                     fontsize=10)
-        ax.grid(True, alpha=0.3)
-        ax.legend(title="configuration", fontsize=8, title_fontsize=8, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0))
+        fig.suptitle(f"{study.name}: {coll} bus bandwidth vs size — median of {reps} run{'s' if reps != 1 else ''} "
+                     f"(bars: min–max)\n{_note(study)}", fontsize=10)
+        fig.tight_layout()
         paths += _save(fig, out, f"busbw_{coll}")
         plt.close(fig)
     return paths
