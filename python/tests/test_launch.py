@@ -159,3 +159,13 @@ def test_timeout_names_the_missing_rank(railrun, python, errors_script):
     assert "waiting for rank(s) [1]" in e["msg"], e
     # also Python's own TimeoutError
     assert ok(run([python, "-c", "import railring, builtins; assert issubclass(railring.TimeoutError, builtins.TimeoutError)"]))
+
+
+def test_torch_interop(railrun, python, repo):
+    """The torch tests of the rank suite (tensors zero-copy, the DDP backend) on 2 ranks; a
+    SKIPPED line says so when torch is not installed (CI does not install it: 2.5 GB)."""
+    pytest.importorskip("torch", reason="torch is not installed: the torch interop tests "
+                                        "(python/tests/ranks/test_torch.py) did not run")
+    p = ok(run([railrun, "-np", "2", python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                str(repo / "python/tests/ranks/test_torch.py")], cwd=repo))
+    assert p.stdout.count("5 passed") == 2, p.stdout
