@@ -3,6 +3,8 @@
 //! The rooms of this folder, in the order a call walks through them:
 //! - `mod.rs` (here): the types ([`Communicator`], its shared state) and the typed public API;
 //! - [`raw`]: the same collectives on byte buffers plus a [`DataType`] (benchmarks, bindings);
+//! - [`binding`]: started collectives on caller-owned memory (raw pointers and a keep-alive
+//!   owner) and one-sided send/recv on bytes, for language bindings (hidden from the docs);
 //! - [`order`]: call ordering — blocking calls on the caller's thread, `*_start` calls on one
 //!   worker thread, tickets keeping both in program order — and [`Pending`];
 //! - [`call`]: `Inner`, one communicator's state, and its call path: argument checks, the
@@ -16,6 +18,7 @@
 //! Links to peers are the transport's ([`crate::transport::links::LinkTable`]); the executor gets
 //! them through the [`Links`](crate::transport::links::Links) trait.
 
+mod binding;
 mod call;
 #[cfg(feature = "cuda")]
 pub mod device;
