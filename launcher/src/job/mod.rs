@@ -428,6 +428,7 @@ impl<'a> Job<'a> {
     fn event_loop(&mut self) {
         while !self.all_done() {
             self.check_signal_or_timeout();
+            self.check_heartbeats();
             if let Some(t0) = self.kill_started {
                 if !self.escalate_kill(t0.elapsed()) {
                     break;
@@ -601,6 +602,7 @@ impl<'a> Job<'a> {
             Instant::now() + Duration::from_secs(8) + self.grace.min(Duration::from_secs(5));
         while self.agents.iter().any(|a| !a.gone && !a.bye) && Instant::now() < deadline {
             self.check_signal_or_timeout();
+            self.check_heartbeats();
             match self.rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(Ev::AgentBye { agent }) => self.agents[agent].bye = true,
                 Ok(Ev::AgentGone { agent, .. }) => self.agents[agent].gone = true,
