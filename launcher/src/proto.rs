@@ -214,8 +214,7 @@ impl Liveness {
     /// A frame arrived.
     pub fn heard(&self) {
         let ms = self.base.elapsed().as_millis() as u64;
-        self.last_ms
-            .store(ms, std::sync::atomic::Ordering::Relaxed);
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// How long since the last frame (or since [`Liveness::new`]).
@@ -567,13 +566,19 @@ mod tests {
         use std::time::Duration;
         assert_eq!(heartbeat_timeout(None), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
         assert_eq!(heartbeat_timeout(Some(" ")), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
-        assert_eq!(heartbeat_timeout(Some("2.5")), Ok(Duration::from_millis(2500)));
+        assert_eq!(
+            heartbeat_timeout(Some("2.5")),
+            Ok(Duration::from_millis(2500))
+        );
         for bad in ["0", "-1", "nan", "inf", "1e9", "x"] {
             let e = heartbeat_timeout(Some(bad)).unwrap_err();
             assert!(e.contains("RAILRUN_HEARTBEAT") && e.contains(bad), "{e}");
         }
         // an old agent's ping without the field still decodes
-        assert_eq!(decode(br#"{"type":"Ping"}"#).unwrap(), Msg::Ping { timeout_ms: 0 });
+        assert_eq!(
+            decode(br#"{"type":"Ping"}"#).unwrap(),
+            Msg::Ping { timeout_ms: 0 }
+        );
     }
 
     #[test]

@@ -59,13 +59,14 @@ impl Job<'_> {
         let Some(how) = self.agent_command() else {
             return false;
         };
-        let heartbeat = match proto::heartbeat_timeout(std::env::var("RAILRUN_HEARTBEAT").ok().as_deref()) {
-            Ok(t) => t,
-            Err(e) => {
-                self.fail(super::EXIT_CONFIG, e);
-                return false;
-            }
-        };
+        let heartbeat =
+            match proto::heartbeat_timeout(std::env::var("RAILRUN_HEARTBEAT").ok().as_deref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.fail(super::EXIT_CONFIG, e);
+                    return false;
+                }
+            };
         for ni in 0..self.nodes.len() {
             if !self.nodes[ni].local && !self.start_agent(ni, &how, heartbeat) {
                 return false;

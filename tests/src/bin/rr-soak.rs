@@ -90,7 +90,10 @@ fn check<T: Element>(x: &Ctx<'_>, what: &str, got: &[T], want: impl Fn(usize) ->
         if *g != w {
             fail(
                 x.calls,
-                &format!("{what}: element {i} of {}: got {g:?}, expected {w:?}", got.len()),
+                &format!(
+                    "{what}: element {i} of {}: got {g:?}, expected {w:?}",
+                    got.len()
+                ),
             );
         }
     }
@@ -131,13 +134,23 @@ fn one<T: Element>(x: &mut Ctx<'_>, rng: &mut Rng, count: usize) {
         2 => {
             let inp = input(wme, count, op);
             let mut out = vec![T::default(); count];
-            ok(x, &what("all_reduce_into"), x.c.all_reduce_into(&inp, &mut out, op));
-            check(x, &what("all_reduce_into"), &out, |i| reduced(&world, i, op, salt));
+            ok(
+                x,
+                &what("all_reduce_into"),
+                x.c.all_reduce_into(&inp, &mut out, op),
+            );
+            check(x, &what("all_reduce_into"), &out, |i| {
+                reduced(&world, i, op, salt)
+            });
         }
         3 => {
             let inp = input(wme, count * n, op);
             let mut out = vec![T::default(); count];
-            ok(x, &what("reduce_scatter"), x.c.reduce_scatter(&inp, &mut out, op));
+            ok(
+                x,
+                &what("reduce_scatter"),
+                x.c.reduce_scatter(&inp, &mut out, op),
+            );
             check(x, &what("reduce_scatter"), &out, |i| {
                 reduced(&world, me * count + i, op, salt)
             });
@@ -260,19 +273,37 @@ fn main() {
         if rng.below(200) == 0 && c.size() > 1 {
             let colors = 1 + rng.below(2) as u32;
             let keyseed = rng.next();
-            let color: Vec<u32> = (0..c.size()).map(|r| (r as u32 + (keyseed as u32)) % colors).collect();
+            let color: Vec<u32> = (0..c.size())
+                .map(|r| (r as u32 + (keyseed as u32)) % colors)
+                .collect();
             let key = |r: usize| ((r as u64).wrapping_mul(keyseed | 1) % 1000) as i64;
             let sub = ok(&x, "split", c.split(Some(color[world_me]), key(world_me)));
-            let Some(sub) = sub else { fail(x.calls, "split left this rank out") };
-            let mut members: Vec<usize> = (0..c.size()).filter(|&r| color[r] == color[world_me]).collect();
+            let Some(sub) = sub else {
+                fail(x.calls, "split left this rank out")
+            };
+            let mut members: Vec<usize> = (0..c.size())
+                .filter(|&r| color[r] == color[world_me])
+                .collect();
             members.sort_by_key(|&r| (key(r), r));
             if sub.size() != members.len() || members[sub.rank()] != world_me {
-                fail(x.calls, &format!("split: rank {} of {} but members {members:?}", sub.rank(), sub.size()));
+                fail(
+                    x.calls,
+                    &format!(
+                        "split: rank {} of {} but members {members:?}",
+                        sub.rank(),
+                        sub.size()
+                    ),
+                );
             }
             let stretch = 1 + rng.below(20);
             // every member draws the same calls: a fork of the main sequence, seeded by colour
             let mut sub_rng = Rng(keyseed ^ color[world_me] as u64);
-            let mut sx = Ctx { c: &sub, world: members, calls: x.calls, bytes: 0 };
+            let mut sx = Ctx {
+                c: &sub,
+                world: members,
+                calls: x.calls,
+                bytes: 0,
+            };
             for _ in 0..stretch {
                 call(&mut sx, &mut sub_rng, max);
             }
