@@ -18,6 +18,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The deadline of each store request on the failure path (recording or reading the job's
+/// first failure): about a second of answer time, so a rank whose store is gone still ends
+/// within a few seconds of its failure.
+const FAIL_PATH_LIMIT: Duration = Duration::from_secs(2);
+
 /// What every communicator made from one bootstrap shares: the job, the store, the TCP
 /// endpoint and the settings — and this communicator's ranks (`peers`, renumbered by `split`).
 #[derive(Clone)]
@@ -137,14 +142,20 @@ impl Inner {
             self.links.abort();
             return e;
         };
+        // Every store request here has a short deadline: the store (or the relay's host) may be
+        // the thing that failed, and a failing rank must end, not wait on it.
         let key = format!("c{:x}/abort", self.comm);
-        let first = match store.check(std::slice::from_ref(&key)) {
+        let first = match store.check_within(std::slice::from_ref(&key), FAIL_PATH_LIMIT) {
             Ok(p) if p.first() == Some(&true) => store
-                .get(&key, Duration::from_secs(1))
+                .get_within(&key, FAIL_PATH_LIMIT)
                 .ok()
                 .map(|v| String::from_utf8_lossy(&v).into_owned()),
             Ok(_) => {
-                let _ = store.set(&key, format!("rank {}: {e}", self.rank).as_bytes());
+                let _ = store.set_within(
+                    &key,
+                    format!("rank {}: {e}", self.rank).as_bytes(),
+                    FAIL_PATH_LIMIT,
+                );
                 None
             }
             Err(_) => None,

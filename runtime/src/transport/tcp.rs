@@ -6,6 +6,7 @@
 
 use super::{Link, LinkError, LinkId};
 use crate::store::auth;
+use crate::store::gate::{Deadlined, Gate, Ticket};
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::HashMap;
@@ -270,19 +271,32 @@ impl TcpNet {
             });
             let pending = pending.clone();
             let secret = secret.as_bytes().to_vec();
+            let gate = Gate::new(format!("the data port on {}", l.local_addr()?));
             std::thread::Builder::new()
                 .name("rr-tcp-accept".into())
                 .spawn(move || {
-                    for s in l.incoming().flatten() {
+                    for s in l.incoming() {
+                        let Ok(s) = s else {
+                            // Out of descriptors or memory: do not spin.
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        };
+                        // Handshake off the accept thread, behind the gate: a slow or hostile
+                        // client can neither block others nor hold more than the gate's threads.
+                        let Some(ticket) = gate.admit(&s) else {
+                            continue;
+                        };
                         let pending = pending.clone();
                         let secret = secret.clone();
-                        // Handshake off the accept thread: a slow or hostile client cannot block others.
+                        let gate = gate.clone();
                         let _ =
                             std::thread::Builder::new()
                                 .name("rr-tcp-hs".into())
                                 .spawn(move || {
-                                    if let Ok((h, s)) = accept_one(s, &secret) {
-                                        file_arrival(&pending, &h, s);
+                                    let peer = s.peer_addr().ok();
+                                    match accept_one(s, &secret, ticket) {
+                                        Ok((h, s)) => file_arrival(&pending, &h, s),
+                                        Err(e) => gate.reject(peer, &e.to_string()),
                                     }
                                 });
                     }
@@ -448,13 +462,21 @@ fn local_ip(rails: &[Rail], r: usize) -> String {
         .unwrap_or_default()
 }
 
-fn accept_one(mut s: TcpStream, secret: &[u8]) -> io::Result<(Hello, TcpStream)> {
+/// The acceptor's side of a data connection: the handshake and the hello, within the ticket's
+/// one deadline.
+fn accept_one(mut s: TcpStream, secret: &[u8], ticket: Ticket) -> io::Result<(Hello, TcpStream)> {
     s.set_nodelay(true)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    auth::server_handshake(&mut s, secret, Some("data"))
+    let mut d = Deadlined {
+        s: &mut s,
+        deadline: ticket.deadline,
+    };
+    auth::server_handshake(&mut d, secret, Some("data"))
         .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
     let mut b = [0u8; HELLO];
-    s.read_exact(&mut b)?;
+    d.read_exact(&mut b)?;
+    drop(ticket);
+    s.set_read_timeout(None)?;
+    s.set_write_timeout(None)?;
     Ok((Hello::parse(&b), s))
 }
 
