@@ -588,3 +588,93 @@ fn fault_suite_short() {
         1,
     );
 }
+
+/// Run `script` (sh) in a private mount namespace whose /dev/shm is a fresh tmpfs of `size`,
+/// with $RAILRUN and $SOAK set; None when that needs root we do not have.
+fn in_private_shm(test: &str, size: &str, script: &str) -> Option<std::process::Output> {
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } != 0 {
+        if std::env::var_os("CI").is_some() {
+            panic!("{test}: needs root under CI");
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {test}: needs root (a private /dev/shm)"
+        );
+        return None;
+    }
+    let railrun = railring_tests::bins::railrun();
+    let full = format!("mount -t tmpfs -o size={size} tmpfs /dev/shm && {script}");
+    Some(
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &full])
+            .env("RAILRUN", railrun)
+            .env("SOAK", SOAK)
+            .env_remove("SLURM_JOB_NODELIST")
+            .env_remove("SLURM_NODELIST")
+            .stdin(Stdio::null())
+            .output()
+            .expect("unshare"),
+    )
+}
+
+/// Defect: a small /dev/shm (Docker's 64 MiB) gave SIGBUS in the middle of a collective. Now
+/// the node's first rank reserves the whole segment at init and fails with what it needs.
+#[test]
+fn a_small_dev_shm_is_an_error_at_init() {
+    let Some(out) = in_private_shm(
+        "a_small_dev_shm_is_an_error_at_init",
+        "8M",
+        "timeout 60 \"$RAILRUN\" -np 4 \"$SOAK\" --calls 20 --max-count 4000000; echo EXIT=$?",
+    ) else {
+        return;
+    };
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("EXIT=0"), "{text}");
+    assert!(
+        !text.contains("SIGBUS") && !text.contains("signal 7"),
+        "{text}"
+    );
+    assert!(
+        text.contains("needs") && text.contains("MiB free") && text.contains("--shm-size"),
+        "{text}"
+    );
+}
+
+/// Defect: segments leaked when railrun was SIGKILLed during start-up, and nothing cleaned them.
+/// Now the next start on the node (and railrun's own teardown) sweeps the dead jobs' segments.
+#[test]
+fn railrun_killed_during_startup_leaves_nothing_after_the_next_job() {
+    let script = r#"
+        for d in 0.05 0.1 0.15 0.2 0.3 0.5; do
+            "$RAILRUN" -np 4 "$SOAK" --calls 200 >/dev/null 2>&1 &
+            pid=$!
+            sleep $d
+            kill -9 $pid
+            wait $pid 2>/dev/null
+            sleep 0.3
+            echo "killed after $d s: LEFT=$(ls /dev/shm | grep -c '^railring-')"
+        done
+        "$RAILRUN" -np 4 "$SOAK" --calls 20 >/dev/null 2>&1; echo EXIT=$?
+        echo AFTER=$(ls /dev/shm | grep -c '^railring-')
+    "#;
+    let Some(out) = in_private_shm(
+        "railrun_killed_during_startup_leaves_nothing_after_the_next_job",
+        "512M",
+        script,
+    ) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let _ = writeln!(std::io::stderr(), "{text}");
+    assert!(
+        text.contains("EXIT=0"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("AFTER=0"), "{text}");
+}

@@ -406,6 +406,7 @@ impl AgentState {
         if n > 0 {
             self.log.v(&format!("killed {n} leftover processes"));
         }
+        sweep_segments(&self.log);
         self.ranks.close_store();
         if bye {
             let _ = self.writer.send(&Msg::Bye);
@@ -416,6 +417,15 @@ impl AgentState {
         } else {
             1
         }
+    }
+}
+
+/// Remove the shared-memory segments a killed job left on this node (ranks killed while
+/// starting up, before every local rank mapped its node's segment).
+fn sweep_segments(log: &Log) {
+    let n = railring::transport::shm::sweep_stale(std::path::Path::new("/dev/shm"));
+    if n > 0 {
+        log.v(&format!("removed {n} stale shared-memory segment(s)"));
     }
 }
 

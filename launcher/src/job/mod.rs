@@ -580,6 +580,8 @@ impl<'a> Job<'a> {
         if n > 0 {
             self.vlog(&format!("killed {n} leftover process(es) of the job"));
         }
+        // Segments of ranks killed while starting up (see railring::transport::shm::sweep_stale).
+        railring::transport::shm::sweep_stale(std::path::Path::new("/dev/shm"));
         self.local.close_store();
         self.sink.flush();
     }
