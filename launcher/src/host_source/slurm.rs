@@ -27,7 +27,7 @@ pub fn hosts_from_slurm_env(
     })?;
     if let Some(bad) = names.iter().find(|n| !valid_hostname(n)) {
         return Err(HostError::SlurmAllocation(format!(
-            "{var} contains `{}`, expected host names of letters, digits, `-`, `_` or `.`",
+            "{var} contains `{}`, expected host names of letters, digits, `-`, `_` or `.`, not starting with `-`",
             preview(bad)
         )));
     }
