@@ -195,6 +195,11 @@ impl Hello {
         b[20..24].copy_from_slice(&self.count.to_le_bytes());
         b
     }
+    /// A stream count the link may have and an index inside it.
+    fn valid(&self) -> bool {
+        self.count > 0 && self.count as usize <= MAX_STREAMS && self.index < self.count
+    }
+
     fn parse(b: &[u8; HELLO]) -> Hello {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         Hello {
@@ -205,6 +210,16 @@ impl Hello {
             count: u32_at(20),
         }
     }
+}
+
+/// A connector's hello as the acceptor reads it (after the handshake): `(communicator, rank,
+/// channel, index, count)` when it is well formed and would be filed under a link, `None` when
+/// it would be dropped. Public for the fuzz harness (`tests/fuzz`).
+#[doc(hidden)]
+pub fn parse_hello(b: &[u8]) -> Option<(u64, u32, u32, u32, u32)> {
+    let h = Hello::parse(b.get(..HELLO)?.try_into().ok()?);
+    h.valid()
+        .then_some((h.comm, h.from, h.chan, h.index, h.count))
 }
 
 /// Most TCP connections one link may stripe over (`RAILRING_NET_STREAMS`).
@@ -224,7 +239,7 @@ type Pending = Arc<(Mutex<HashMap<(u64, u32, u32), Arrivals>>, Condvar)>;
 fn file_arrival(pending: &Pending, h: &Hello, s: TcpStream) {
     let chan = h.chan;
     let (index, count) = (h.index as usize, h.count as usize);
-    if count == 0 || count > MAX_STREAMS || index >= count {
+    if !h.valid() {
         return;
     }
     let (m, cv) = &**pending;
