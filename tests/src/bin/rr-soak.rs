@@ -11,7 +11,7 @@
 //! seconds (whichever first; the ranks agree through an all-reduce of "time is up" flags every
 //! 64 calls). Output: `PROGRESS rank R calls C` every K calls, `WRONG ...` (exit 1) for a wrong
 //! element, `ERROR after C calls: ...` (exit 3) for an error, and at the end
-//! `SOAK rank R calls C wrong 0 bytes B seconds T`.
+//! `SOAK rank R calls C wrong 0 bytes B seconds T peak_rss_kib K`.
 
 use half::{bf16, f16};
 use railring::{Communicator, Element, ReduceOp};
@@ -323,8 +323,17 @@ fn main() {
             }
         }
     }
+    // peak resident memory (what a staging area sized by a knob instead of the call shows)
+    let peak_kib = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
     println!(
-        "SOAK rank {world_me} calls {} wrong 0 bytes {} seconds {:.1}",
+        "SOAK rank {world_me} calls {} wrong 0 bytes {} seconds {:.1} peak_rss_kib {peak_kib}",
         x.calls,
         x.bytes,
         t0.elapsed().as_secs_f64()
