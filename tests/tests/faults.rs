@@ -1,10 +1,10 @@
 //! Fault injection on the emulated cluster: railrun on `head` runs `rr-soak` (random checked
 //! collectives) on n1 and n2 (2 ranks each, over real sshd and a veth rail), and a fault is
 //! injected at a random point of the running collectives: kill -9 of a rank, of a node's agent,
-//! of the ssh client to a node; SIGSTOP of a rank (a hang, with RAILRING_TIMEOUT=10); a rail
-//! taken down and brought back (a flap: loses nothing); a node that goes silent (its management
-//! link down: no RST ever comes); a host unreachable at start; SIGINT / SIGTERM / SIGHUP to
-//! railrun; two jobs on the same hosts at once.
+//! of the ssh client to a node, of the sshd session on a node; SIGSTOP of a rank (a hang, with
+//! RAILRING_TIMEOUT=10); a rail taken down and brought back (a flap: loses nothing); a node that
+//! goes silent (its management link down: no RST ever comes); a host unreachable at start;
+//! SIGINT / SIGTERM / SIGHUP to railrun; two jobs on the same hosts at once.
 //!
 //! For each: the job ends within 10 s of the fault (RAILRING_TIMEOUT + 10 s for a hang), naming
 //! the rank, host and cause; no process of the job survives on any host; no `/dev/shm` segment
@@ -28,6 +28,7 @@ enum Fault {
     KillRank,
     KillAgent,
     KillSsh,
+    KillSshd,
     StopRank,
     RailFlap,
     SilentNode,
@@ -42,6 +43,7 @@ impl Fault {
             Fault::KillRank => "kill -9 rank".into(),
             Fault::KillAgent => "kill -9 agent".into(),
             Fault::KillSsh => "kill -9 ssh client".into(),
+            Fault::KillSshd => "kill -9 sshd session".into(),
             Fault::StopRank => "SIGSTOP rank (TIMEOUT=10)".into(),
             Fault::RailFlap => "rail down 2 s, up".into(),
             Fault::SilentNode => "node silent (mgmt down)".into(),
@@ -362,6 +364,23 @@ fn run_fault(c: &Cluster, hostfile: &str, fault: Fault, rng: &mut Rng) -> Row {
             kill(p[0], libc::SIGKILL);
             expect = vec!["host n2".into()];
         }
+        Fault::KillSshd => {
+            let p: Vec<u32> = c
+                .pids_on("n2")
+                .into_iter()
+                .filter(|(_, cmd)| cmd.starts_with("sshd:"))
+                .map(|(p, _)| p)
+                .collect();
+            assert!(
+                !p.is_empty(),
+                "no sshd session on n2: {:?}",
+                c.pids_on("n2")
+            );
+            for pid in p {
+                kill(pid, libc::SIGKILL);
+            }
+            expect = vec!["host n2".into()];
+        }
         Fault::StopRank => {
             let p = pids(c, "n1", "rr-soak");
             let r = rank_of(p[0]).expect("rank");
@@ -564,6 +583,7 @@ fn fault_suite_short() {
                 Fault::KillRank,
                 Fault::KillAgent,
                 Fault::KillSsh,
+                Fault::KillSshd,
                 Fault::StopRank,
                 Fault::RailFlap,
                 Fault::SilentNode,

@@ -305,11 +305,8 @@ pub fn xml_too_deep(text: &str, max: usize) -> Option<(u32, usize)> {
             loop {
                 match b.get(j) {
                     None => break None,
-                    Some(&c) if q != 0 => {
-                        if c == q {
-                            q = 0;
-                        }
-                    }
+                    Some(&c) if q != 0 && c == q => q = 0,
+                    Some(_) if q != 0 => {}
                     Some(&c) if c == b'"' || c == b'\'' => q = c,
                     Some(b'[') => br += 1,
                     Some(b']') => br = br.saturating_sub(1),
@@ -324,18 +321,15 @@ pub fn xml_too_deep(text: &str, max: usize) -> Option<(u32, usize)> {
             let close = loop {
                 match b.get(j) {
                     None => break None,
-                    Some(&c) if q != 0 => {
-                        if c == q {
-                            q = 0;
-                        }
-                    }
+                    Some(&c) if q != 0 && c == q => q = 0,
+                    Some(_) if q != 0 => {}
                     Some(&c) if c == b'"' || c == b'\'' => q = c,
                     Some(b'>') => break Some(j),
                     _ => {}
                 }
                 j += 1;
             };
-            let Some(close) = close else { return None };
+            let close = close?;
             if rest.starts_with(b"/") {
                 depth = depth.saturating_sub(1);
             } else if b[close - 1] != b'/' {
@@ -346,7 +340,7 @@ pub fn xml_too_deep(text: &str, max: usize) -> Option<(u32, usize)> {
             }
             Some(close + 1)
         };
-        let Some(end) = end else { return None };
+        let end = end?;
         line += b[i + 1..end].iter().filter(|&&c| c == b'\n').count() as u32;
         i = end;
     }

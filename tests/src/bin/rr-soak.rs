@@ -312,10 +312,10 @@ fn main() {
         } else {
             call(&mut x, &mut rng, max);
         }
-        if progress > 0 && x.calls % progress == 0 {
+        if progress > 0 && x.calls.is_multiple_of(progress) {
             println!("PROGRESS rank {world_me} calls {}", x.calls);
         }
-        if x.calls % 64 == 0 {
+        if x.calls.is_multiple_of(64) {
             stop[0] = (t0.elapsed() >= limit) as u32;
             ok(&x, "stop vote", c.all_reduce(&mut stop, ReduceOp::Max));
             if stop[0] > 0 {
