@@ -17,6 +17,7 @@
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -115,7 +116,7 @@ impl Job {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (k, v) in env {
-            if k.starts_with("RAILRUN_") {
+            if k.starts_with("RAILRUN_") || *k == "TMPDIR" {
                 cmd.env(k, v);
             }
         }
@@ -255,16 +256,22 @@ fn shm_left(c: &Cluster) -> Vec<String> {
     left
 }
 
-/// Entries of /tmp (shared by every emulated host) a railring job could have made (other
-/// helpers' test files, named `*test*`, are not ours).
-fn tmp_files() -> std::collections::BTreeSet<String> {
-    std::fs::read_dir("/tmp")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with("railring") && !n.contains("test"))
-                .collect()
-        })
+/// A private temporary directory for one run: railrun and every rank get it as `TMPDIR`, so
+/// anything the job leaves in a temporary directory is found there (and nothing else is).
+fn job_tmpdir() -> PathBuf {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "rr-faults-jobtmp-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&d).expect("job tmpdir");
+    d
+}
+
+fn left_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default()
 }
 
@@ -294,7 +301,9 @@ fn run_fault(c: &Cluster, hostfile: &str, fault: Fault, rng: &mut Rng) -> Row {
     ];
     let mut soak: Vec<&str> = long.to_vec();
     soak.extend(["--seed", &seed_s, "--max-count", &max_count]);
-    let mut env: Vec<(&str, &str)> = vec![];
+    let tmpdir = job_tmpdir();
+    let tmp_s = tmpdir.to_str().unwrap().to_string();
+    let mut env: Vec<(&str, &str)> = vec![("TMPDIR", &tmp_s)];
     if fault == Fault::StopRank {
         env.push(("RAILRING_TIMEOUT", "10"));
     }
@@ -312,7 +321,6 @@ fn run_fault(c: &Cluster, hostfile: &str, fault: Fault, rng: &mut Rng) -> Row {
     if flap_or_two {
         soak = short.to_vec();
     }
-    let tmp_before = tmp_files();
     if fault == Fault::Unreachable {
         sh(c, "n2", "ip link set mgmt0 down");
     }
@@ -502,12 +510,9 @@ fn run_fault(c: &Cluster, hostfile: &str, fault: Fault, rng: &mut Rng) -> Row {
         .chars()
         .take(120)
         .collect();
-    let tmp = tmp_files();
-    assert!(
-        tmp.is_subset(&tmp_before),
-        "{what}: temporary files left: {:?}",
-        tmp.difference(&tmp_before)
-    );
+    let tmp = left_in(&tmpdir);
+    assert!(tmp.is_empty(), "{what}: temporary files left: {tmp:?}");
+    let _ = std::fs::remove_dir_all(&tmpdir);
     Row {
         fault: what,
         secs: if success { 0.0 } else { secs },

@@ -554,7 +554,16 @@ impl<'a> Job<'a> {
         for &r in &lost {
             self.set_done(r);
         }
-        if !lost.is_empty() {
+        if !lost.is_empty() && (self.failure.is_some() || self.kill_started.is_some()) {
+            // The job is already ending for another reason, often this loss's own echo (ranks
+            // elsewhere that saw their peers on this host vanish reported first): say it too.
+            let text = self.agent_failure_text(agent, why);
+            self.say(&format!(
+                "also lost the agent on host {} with {} rank(s) running: {text}",
+                self.agents[agent].host,
+                lost.len()
+            ));
+        } else if !lost.is_empty() {
             let text = self.agent_failure_text(agent, why);
             let host = self.agents[agent].host.clone();
             self.fail(
