@@ -11,8 +11,8 @@
 //! is left; no rank ever reports a wrong result. A summary table (fault, time to end, message,
 //! survivors) is printed on stderr.
 //!
-//! The CI runs the short list once (`fault_suite_short`); `scripts/faults` runs every fault
-//! several times at random points (`RAILRING_FAULTS=long`, `RAILRING_FAULTS_ROUNDS=N`).
+//! The CI runs a short list once (`fault_suite_short`: 8 faults); `scripts/faults` runs every
+//! fault several times at random points (`RAILRING_FAULTS=long`, `RAILRING_FAULTS_ROUNDS=N`).
 //! Needs root (namespaces); prints SKIPPED otherwise (and fails under CI).
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
@@ -271,7 +271,11 @@ fn job_tmpdir() -> PathBuf {
 
 fn left_in(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -573,8 +577,8 @@ fn suite(test: &str, faults: &[Fault], rounds: usize) {
     }
 }
 
-/// The CI's list: one of each kind of death (rank, agent, ssh), a silent node (the heartbeat)
-/// and a signal to railrun.
+/// The CI's list: one of each kind of death (rank, agent, ssh client), a hang, a rail flap, a
+/// silent node (the heartbeat), a signal to railrun and two jobs at once.
 #[test]
 fn fault_suite_short() {
     if std::env::var("RAILRING_FAULTS").as_deref() == Ok("long") {
@@ -607,8 +611,11 @@ fn fault_suite_short() {
             Fault::KillRank,
             Fault::KillAgent,
             Fault::KillSsh,
+            Fault::StopRank,
+            Fault::RailFlap,
             Fault::SilentNode,
             Fault::Signal(libc::SIGTERM),
+            Fault::TwoJobs,
         ],
         1,
     );
