@@ -244,12 +244,37 @@ pub fn all() -> Vec<Target> {
             dict: &[],
             exec: |d| {
                 use railring::store::wire::{read_frame, Request, Response};
+                use railring::store::{Backend, Store};
+                let store = Store::new();
+                let handle = |req: Request| {
+                    // The store answers what decodes, with the frame's own timeouts; the keys a
+                    // Get or Wait asks for are set first, so no call blocks.
+                    match &req {
+                        Request::Get { key, .. } => {
+                            store.handle(Request::Set { key: key.clone(), value: b"v".to_vec() });
+                        }
+                        Request::Wait { keys, .. } => {
+                            for k in keys.iter().take(64) {
+                                store.handle(Request::Set { key: k.clone(), value: vec![] });
+                            }
+                            if keys.len() > 64 {
+                                return;
+                            }
+                        }
+                        _ => {}
+                    }
+                    let _ = store.handle(req).encode();
+                };
                 let mut c = Cursor::new(d);
                 while let Ok(Some(f)) = read_frame(&mut c) {
-                    let _ = Request::decode(&f);
+                    if let Ok(req) = Request::decode(&f) {
+                        handle(req);
+                    }
                     let _ = Response::decode(&f);
                 }
-                let _ = Request::decode(d);
+                if let Ok(req) = Request::decode(d) {
+                    handle(req);
+                }
                 let _ = Response::decode(d);
             },
         },

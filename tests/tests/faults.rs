@@ -691,6 +691,7 @@ fn railrun_killed_during_startup_leaves_nothing_after_the_next_job() {
             sleep 0.3
             echo "killed after $d s: LEFT=$(ls /dev/shm | grep -c '^railring-')"
         done
+        sleep 1
         "$RAILRUN" -np 4 "$SOAK" --calls 20 >/dev/null 2>&1; echo EXIT=$?
         echo AFTER=$(ls /dev/shm | grep -c '^railring-')
     "#;

@@ -5,7 +5,7 @@
 //! Heartbeat: railrun and each agent send a `Ping` every second; an agent that railrun hears
 //! nothing from for `RAILRUN_HEARTBEAT` seconds (default 6) is lost: railrun kills its remote
 //! shell, names the host and ends the job, while the agent, hearing nothing from railrun, kills
-//! its ranks by itself ([`crate::proto::Liveness`]).
+//! its ranks by itself a little later (`agent/heartbeat.rs`; [`crate::proto::Liveness`]).
 
 use super::agent_command::{agent_argv, remote_shell, AgentCommand};
 use super::{Ev, Job, EXIT_AGENT};
@@ -223,6 +223,11 @@ impl Job<'_> {
             );
             if lost.is_empty() {
                 self.say(&format!("{what}; none of its ranks was running"));
+            } else if self.failure.is_some() || self.kill_started.is_some() {
+                self.say(&format!(
+                    "also lost the agent on host {host} with {} rank(s) running: {what}",
+                    lost.len()
+                ));
             } else {
                 self.fail(
                     EXIT_AGENT,

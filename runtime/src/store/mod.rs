@@ -22,6 +22,9 @@ pub trait Backend: Send + Sync + 'static {
     fn handle(&self, req: Request) -> Response;
 }
 
+/// The longest a `Get` or `Wait` may wait (a longer timeout from the wire is cut to this).
+pub const MAX_WAIT: Duration = Duration::from_secs(366 * 86400);
+
 /// Upper bound on the bytes held by one store (keys + values).
 pub const MAX_STORE_BYTES: usize = 1 << 30;
 
@@ -59,7 +62,8 @@ impl Store {
     }
 
     fn wait_keys(&self, keys: &[Vec<u8>], timeout: Duration) -> Result<(), Vec<Vec<u8>>> {
-        let deadline = Instant::now() + timeout;
+        // The timeout comes off the wire: bound it before adding it to a clock.
+        let deadline = Instant::now() + timeout.min(MAX_WAIT);
         let mut g = self.lock();
         loop {
             let missing: Vec<Vec<u8>> = keys
@@ -326,7 +330,7 @@ impl StoreClient {
     /// One request, answered within `limit` (the lock, the write and the answer together) or
     /// [`StoreError::NoReply`], after which the connection is not used again.
     fn call_within(&self, req: &Request, limit: Duration) -> Result<Response, StoreError> {
-        let deadline = Instant::now() + limit;
+        let deadline = Instant::now() + limit.min(MAX_WAIT + REPLY_LIMIT);
         let no_reply = || StoreError::NoReply {
             addr: self.addr.clone(),
             limit,
@@ -508,6 +512,28 @@ mod tests {
         assert!(matches!(c.add("a", 1), Ok(2)));
         c.set("txt", b"x").unwrap();
         assert!(matches!(c.add("txt", 1), Err(StoreError::Remote(_))));
+    }
+
+    /// Timeouts come off the wire: the largest one a frame can carry is answered, not a panic
+    /// (`Instant + Duration` panics on overflow; the server bounds the wait first).
+    #[test]
+    fn the_largest_wire_timeout_is_bounded() {
+        let st = Store::new();
+        st.handle(Request::Set {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        });
+        let forever = Duration::from_millis(u64::MAX);
+        let r = st.handle(Request::Get {
+            key: b"k".to_vec(),
+            timeout: forever,
+        });
+        assert_eq!(r, Response::Value(b"v".to_vec()));
+        let r = st.handle(Request::Wait {
+            keys: vec![b"k".to_vec()],
+            timeout: forever,
+        });
+        assert_eq!(r, Response::Ok);
     }
 
     #[test]

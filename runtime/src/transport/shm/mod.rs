@@ -171,6 +171,13 @@ fn statvfs(dir: &Path) -> Option<(u64, u64)> {
     Some((st.f_blocks as u64 * f, st.f_bavail as u64 * f))
 }
 
+/// Where the creator of `path` builds it before renaming it into place.
+fn init_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".init-{}", std::process::id()));
+    PathBuf::from(p)
+}
+
 /// This process's PID namespace (the inode of `/proc/self/ns/pid`; 0 when unknown): pids in a
 /// segment are only meaningful to a process of the same namespace.
 fn pid_ns() -> u64 {
@@ -214,11 +221,24 @@ fn is_stale(path: &Path, ours: u64) -> bool {
     let Ok(meta) = f.metadata() else {
         return false;
     };
-    let old = meta
+    let age = meta
         .modified()
         .ok()
         .and_then(|m| m.elapsed().ok())
-        .is_some_and(|a| a > Duration::from_secs(60));
+        .unwrap_or_default();
+    // A segment still being built: stale when its creator is dead (and it is not brand new,
+    // in case the creator lives in another PID namespace sharing this /dev/shm).
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some(pid) = name
+        .rsplit_once(".init-")
+        .and_then(|(_, p)| p.parse::<u32>().ok())
+    {
+        return age > Duration::from_secs(1) && !pid_alive(pid);
+    }
+    let old = age > Duration::from_secs(60);
     let mut hdr = [0u8; 24];
     if f.read_exact(&mut hdr).is_err() {
         return old;
@@ -248,13 +268,21 @@ fn is_stale(path: &Path, ours: u64) -> bool {
             continue;
         }
         any = true;
-        // SAFETY: signal 0 only checks for existence.
-        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
+        if pid_alive(pid) {
             return false;
         }
     }
     any || old
+}
+
+/// Does process `pid` exist (a zombie counts as alive: its parent has not reaped it yet)?
+fn pid_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Geometry of a node segment.
@@ -306,7 +334,12 @@ impl Node {
         if create {
             sweep_stale(path.parent().unwrap_or(Path::new("/dev/shm")));
         }
-        let seg = Segment::map(path, geo.total(), create)?;
+        // The creator builds the segment under a name of its own (`<name>.init-<pid>`) and
+        // renames it into place once its header and pid are written: a crash while reserving
+        // or initialising leaves a file the sweep recognises by its dead creator's pid, and
+        // a peer never opens a half-made segment.
+        let init = init_path(path);
+        let seg = Segment::map(if create { &init } else { path }, geo.total(), create)?;
         let node = Node {
             seg,
             geo,
@@ -333,6 +366,12 @@ impl Node {
             }
         }
         node.pid(me).store(std::process::id(), Ordering::Release);
+        if create {
+            if let Err(e) = std::fs::rename(&init, path) {
+                let _ = std::fs::remove_file(&init);
+                return Err(e);
+            }
+        }
         Ok(Arc::new(node))
     }
 
@@ -515,8 +554,17 @@ mod tests {
         std::fs::write(&half, b"").unwrap();
         let other = d.join("not-ours");
         std::fs::write(&other, b"x").unwrap();
-        assert_eq!(sweep_stale(&d), 1);
+        // segments being built: by a dead creator (older than 1 s), by a live one (us)
+        let dying = d.join(format!("railring-x.init-{}", dead_pid()));
+        std::fs::write(&dying, b"").unwrap();
+        let f = std::fs::File::options().write(true).open(&dying).unwrap();
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(5))
+            .unwrap();
+        let building = d.join(format!("railring-y.init-{}", std::process::id()));
+        std::fs::write(&building, b"").unwrap();
+        assert_eq!(sweep_stale(&d), 2);
         assert!(live.exists() && !dead.exists() && half.exists() && other.exists());
+        assert!(!dying.exists() && building.exists());
         drop((n, m));
         let _ = std::fs::remove_dir_all(&d);
     }
