@@ -376,9 +376,20 @@ impl<W: Write + Send> FrameWriter<W> {
         }
     }
 
-    /// Close the underlying writer (the peer sees end of stream).
+    /// Close the underlying writer (the peer sees end of stream). After [`Self::abandon`] it
+    /// does not wait for a send blocked towards the lost peer: the descriptor then closes when
+    /// the process exits.
     pub fn close(&self) {
-        let mut g = self.w.lock().unwrap_or_else(|e| e.into_inner());
+        let g = if self.abandoned.load(std::sync::atomic::Ordering::SeqCst) {
+            match self.w.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        } else {
+            self.w.lock().unwrap_or_else(|e| e.into_inner())
+        };
+        let mut g = g;
         *g = None;
     }
 }
