@@ -428,7 +428,8 @@ Lifecycle:
   --version                railrun's version
 
 Environment read by railrun: RAILRUN_SSH (like --ssh), RAILRUN_KILL_GRACE
-(seconds between SIGTERM and SIGKILL when a job is killed; default 3).
+(seconds between SIGTERM and SIGKILL when a job is killed; default 3),
+RAILRUN_HEARTBEAT (seconds of silence after which a node counts as lost; default 6).
 
 Exit status: 0 if every rank exited 0; otherwise the first failing rank's code
 (128+N for a signal N); 124 after --timeout; 130/143/129 when railrun got

@@ -178,6 +178,82 @@ pub enum Msg {
     /// launcher → agent: the job is over; kill and reap what is left and exit.
     /// agent → launcher: done; nothing of the job is left on this node.
     Bye,
+    /// Both ways, every [`HEARTBEAT_INTERVAL`]: "I am alive". A side that hears no frame at all
+    /// for `timeout_ms` declares the other lost (the launcher names the host and ends the job;
+    /// the agent kills its ranks). The launcher's pings carry its limit, so both sides use the
+    /// same one (`RAILRUN_HEARTBEAT`); the agent's carry 0.
+    Ping {
+        #[serde(default)]
+        timeout_ms: u64,
+    },
+}
+
+/// How often each side of a launcher–agent channel sends a [`Msg::Ping`].
+pub const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Default silence after which a side declares the other lost (`RAILRUN_HEARTBEAT`, seconds).
+pub const DEFAULT_HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6);
+
+/// The heartbeat limit `RAILRUN_HEARTBEAT` asks for (seconds, 1..=3600; default
+/// [`DEFAULT_HEARTBEAT_TIMEOUT`]); `Err` names the variable and the value for a bad one.
+pub fn heartbeat_timeout(value: Option<&str>) -> Result<std::time::Duration, String> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(DEFAULT_HEARTBEAT_TIMEOUT);
+    };
+    match v.parse::<f64>() {
+        Ok(s) if s.is_finite() && (1.0..=3600.0).contains(&s) => {
+            Ok(std::time::Duration::from_secs_f64(s))
+        }
+        _ => Err(format!(
+            "RAILRUN_HEARTBEAT=`{v}` is not a number of seconds between 1 and 3600"
+        )),
+    }
+}
+
+/// When one side of a launcher–agent channel last heard anything from the other (every frame
+/// counts, pings included).
+pub struct Liveness {
+    base: std::time::Instant,
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Liveness {
+    pub fn new() -> std::sync::Arc<Liveness> {
+        std::sync::Arc::new(Liveness {
+            base: std::time::Instant::now(),
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// A frame arrived.
+    pub fn heard(&self) {
+        let ms = self.base.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long since the last frame (or since [`Liveness::new`]).
+    pub fn silent_for(&self) -> std::time::Duration {
+        let last = self.last_ms.load(std::sync::atomic::Ordering::Relaxed);
+        self.base
+            .elapsed()
+            .saturating_sub(std::time::Duration::from_millis(last))
+    }
+}
+
+/// Send a [`Msg::Ping`] carrying `timeout_ms` every [`HEARTBEAT_INTERVAL`] on a thread of its
+/// own, until a send fails (the channel is closed or abandoned).
+pub fn spawn_pinger<W: Write + Send + 'static>(
+    writer: std::sync::Arc<FrameWriter<W>>,
+    timeout_ms: u64,
+) {
+    let _ = std::thread::Builder::new()
+        .name("rr-ping".into())
+        .spawn(move || loop {
+            std::thread::sleep(HEARTBEAT_INTERVAL);
+            if writer.send(&Msg::Ping { timeout_ms }).is_err() {
+                return;
+            }
+        });
 }
 
 /// Why a frame could not be read.
@@ -269,13 +345,23 @@ pub fn read_magic<R: Read>(r: &mut R) -> Result<Vec<u8>, ProtoError> {
 /// the lock, so frames never interleave.
 pub struct FrameWriter<W: Write + Send> {
     w: Mutex<Option<W>>,
+    /// Set by [`Self::abandon`]: every later send fails at once, without taking the lock.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 impl<W: Write + Send> FrameWriter<W> {
     pub fn new(w: W) -> Self {
         FrameWriter {
             w: Mutex::new(Some(w)),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The peer is lost: fail every later send at once. A send already blocked in `write` (a
+    /// full pipe towards a silent peer) stays blocked, but nobody else waits behind it.
+    pub fn abandon(&self) {
+        self.abandoned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     pub fn send(&self, msg: &Msg) -> Result<(), ProtoError> {
@@ -284,6 +370,12 @@ impl<W: Write + Send> FrameWriter<W> {
     }
 
     pub fn send_raw(&self, buf: &[u8]) -> Result<(), ProtoError> {
+        if self.abandoned.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ProtoError::Io(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "channel abandoned (peer lost)",
+            )));
+        }
         let mut g = self.w.lock().unwrap_or_else(|e| e.into_inner());
         match g.as_mut() {
             Some(w) => {
@@ -298,9 +390,20 @@ impl<W: Write + Send> FrameWriter<W> {
         }
     }
 
-    /// Close the underlying writer (the peer sees end of stream).
+    /// Close the underlying writer (the peer sees end of stream). After [`Self::abandon`] it
+    /// does not wait for a send blocked towards the lost peer: the descriptor then closes when
+    /// the process exits.
     pub fn close(&self) {
-        let mut g = self.w.lock().unwrap_or_else(|e| e.into_inner());
+        let g = if self.abandoned.load(std::sync::atomic::Ordering::SeqCst) {
+            match self.w.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        } else {
+            self.w.lock().unwrap_or_else(|e| e.into_inner())
+        };
+        let mut g = g;
         *g = None;
     }
 }
@@ -425,6 +528,7 @@ mod tests {
             },
             Msg::Kill { signal: 15 },
             Msg::Bye,
+            Msg::Ping { timeout_ms: 6000 },
             Msg::StdinEof,
             Msg::Spawn(JobSpec {
                 program: "/bin/true".into(),
@@ -485,6 +589,34 @@ mod tests {
         assert_eq!(read_msg(&mut r).unwrap(), Some(Msg::Bye));
         let mut r: &[u8] = b"ssh: nothing";
         assert!(read_magic(&mut r).is_err());
+    }
+
+    #[test]
+    fn heartbeat_knob() {
+        use std::time::Duration;
+        assert_eq!(heartbeat_timeout(None), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
+        assert_eq!(heartbeat_timeout(Some(" ")), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
+        assert_eq!(
+            heartbeat_timeout(Some("2.5")),
+            Ok(Duration::from_millis(2500))
+        );
+        for bad in ["0", "-1", "nan", "inf", "1e9", "x"] {
+            let e = heartbeat_timeout(Some(bad)).unwrap_err();
+            assert!(e.contains("RAILRUN_HEARTBEAT") && e.contains(bad), "{e}");
+        }
+        // an old agent's ping without the field still decodes
+        assert_eq!(
+            decode(br#"{"type":"Ping"}"#).unwrap(),
+            Msg::Ping { timeout_ms: 0 }
+        );
+    }
+
+    #[test]
+    fn abandoned_writer_fails_at_once() {
+        let w = FrameWriter::new(Vec::new());
+        assert!(w.send(&Msg::Bye).is_ok());
+        w.abandon();
+        assert!(w.send(&Msg::Bye).is_err());
     }
 
     #[test]

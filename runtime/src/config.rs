@@ -14,6 +14,10 @@ use std::time::Duration;
 /// Most TCP connections one link may be striped over (`RAILRING_NET_STREAMS`).
 pub const MAX_STREAMS: usize = 16;
 
+/// Largest `RAILRING_NET_CHUNK` (256 MiB): a larger chunk only costs memory (each call's staging
+/// is also bounded by the call's size).
+pub const MAX_NET_CHUNK: u64 = 256 << 20;
+
 /// Runtime settings from the environment.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -209,7 +213,7 @@ impl Config {
             algo,
             socket_ifname: var(vars::SOCKET_IFNAME),
             shm_slot: parse_num(vars::SHM_SLOT, 1 << 20, 4096, 1 << 30)? as usize,
-            net_chunk: parse_num(vars::NET_CHUNK, 512 << 10, 4096, 1 << 30)? as usize,
+            net_chunk: parse_num(vars::NET_CHUNK, 512 << 10, 4096, MAX_NET_CHUNK)? as usize,
             net_streams: parse_num(vars::NET_STREAMS, 1, 1, MAX_STREAMS as u64)? as usize,
             connect_timeout: Duration::from_secs(parse_num(vars::CONNECT_TIMEOUT, 30, 1, 3600)?),
             pipeline_seg: parse_num(vars::PIPELINE_SEG, 4 << 20, 0, 1 << 40)? as usize,
@@ -235,10 +239,11 @@ impl Config {
             bind: bind_vars_from_env(),
             net: var(vars::NET),
             ib_hca: var(vars::IB_HCA),
-            ib_gid_index: var(vars::IB_GID_INDEX)
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0),
-            gpu_slot: var(vars::GPU_SLOT).and_then(|v| parse_size(&v)),
+            ib_gid_index: parse_num(vars::IB_GID_INDEX, 0, 0, 255)? as u8,
+            gpu_slot: match var(vars::GPU_SLOT) {
+                None => None,
+                Some(_) => Some(parse_num(vars::GPU_SLOT, 0, 1, 1 << 40)?),
+            },
         })
     }
 }

@@ -8,12 +8,14 @@
 //! answers `Bye`, and also when it loses the launcher (stdin closed or broken) or gets SIGTERM,
 //! SIGINT or SIGHUP.
 
+mod heartbeat;
 mod relay;
 
 use crate::node_ranks::{JobIdent, NodeRanks, ServeError};
 use crate::proto::{self, ExitKind, FrameWriter, JobSpec, Msg, Stream};
 use crate::signals;
 use crate::spawn::{self, RankCommand, RankEvents};
+use heartbeat::Heartbeat;
 use relay::Relay;
 use std::fs::File;
 use std::io::{self, BufReader, Write};
@@ -128,9 +130,11 @@ pub fn run(verbose: u8) -> i32 {
     let relay = Relay::new(writer.clone());
     let (tx, rx) = mpsc::channel::<Ev>();
     let (stdin_tx, stdin_rx) = mpsc::channel::<Option<Vec<u8>>>();
-    if read_launcher(inp, relay.clone(), tx.clone(), stdin_tx).is_err() {
+    let heartbeat = Heartbeat::new();
+    if read_launcher(inp, relay.clone(), tx.clone(), stdin_tx, heartbeat.clone()).is_err() {
         return 1;
     }
+    proto::spawn_pinger(writer.clone(), 0);
     let mut st = AgentState {
         log,
         writer,
@@ -141,6 +145,7 @@ pub fn run(verbose: u8) -> i32 {
         ranks: NodeRanks::new(),
         grace: Duration::from_secs(3),
         spawned: false,
+        heartbeat,
     };
     st.main_loop()
 }
@@ -171,13 +176,20 @@ fn read_launcher(
     relay: Arc<Relay>,
     tx: mpsc::Sender<Ev>,
     stdin_tx: mpsc::Sender<Option<Vec<u8>>>,
+    heartbeat: Arc<Heartbeat>,
 ) -> io::Result<()> {
     std::thread::Builder::new()
         .name("rr-agent-in".into())
         .spawn(move || {
             let mut r = BufReader::with_capacity(256 * 1024, inp);
             loop {
-                match proto::read_msg(&mut r) {
+                let msg = proto::read_msg(&mut r);
+                if let Ok(Some(m)) = &msg {
+                    if heartbeat.heard(m) {
+                        continue;
+                    }
+                }
+                match msg {
                     Ok(Some(Msg::StoreResp { id, frame, .. })) => relay.deliver(id, frame),
                     Ok(Some(Msg::Stdin { data })) => {
                         let _ = stdin_tx.send(Some(data));
@@ -216,6 +228,7 @@ struct AgentState {
     ranks: NodeRanks,
     grace: Duration,
     spawned: bool,
+    heartbeat: Arc<Heartbeat>,
 }
 
 impl AgentState {
@@ -227,6 +240,9 @@ impl AgentState {
                     proto::signal_name(sig)
                 ));
                 return self.shutdown(false);
+            }
+            if let Some(code) = self.check_heartbeat() {
+                return code;
             }
             let ev = match self.rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(ev) => ev,
@@ -262,6 +278,16 @@ impl AgentState {
                 }
             }
         }
+    }
+
+    /// Railrun went silent past the heartbeat limit: stop writing to it (the channel may never
+    /// drain), say why on stderr, kill and reap this node's ranks, and exit.
+    fn check_heartbeat(&mut self) -> Option<i32> {
+        let why = self.heartbeat.lost()?;
+        self.writer.abandon();
+        self.relay.fail_all();
+        self.log.say(&format!("{why}; killing this node's ranks"));
+        Some(self.shutdown(false))
     }
 
     fn exited(&mut self, rank: u32, exit: ExitKind) {
@@ -398,6 +424,7 @@ impl AgentState {
         if n > 0 {
             self.log.v(&format!("killed {n} leftover processes"));
         }
+        sweep_segments(&self.log);
         self.ranks.close_store();
         if bye {
             let _ = self.writer.send(&Msg::Bye);
@@ -408,6 +435,15 @@ impl AgentState {
         } else {
             1
         }
+    }
+}
+
+/// Remove the shared-memory segments a killed job left on this node (ranks killed while
+/// starting up, before every local rank mapped its node's segment).
+fn sweep_segments(log: &Log) {
+    let n = railring::transport::shm::sweep_stale(std::path::Path::new("/dev/shm"));
+    if n > 0 {
+        log.v(&format!("removed {n} stale shared-memory segment(s)"));
     }
 }
 

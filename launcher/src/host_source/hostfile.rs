@@ -23,6 +23,7 @@ use super::{
 
 fn valid_user(s: &str) -> bool {
     !s.is_empty()
+        && !s.starts_with('-')
         && s.len() <= 64
         && s.bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'))
@@ -54,7 +55,7 @@ fn parse_user_host(s: &str) -> Result<(Option<String>, String), Problem> {
             if !valid_user(u) {
                 return Err(problem(
                     format!("user name `{}`", preview(u)),
-                    "a user name of letters, digits, `-`, `_` or `.` before `@`",
+                    "a user name of letters, digits, `-`, `_` or `.` (not starting with `-`) before `@`",
                 ));
             }
             (Some(u.to_string()), h)
@@ -70,7 +71,7 @@ fn parse_user_host(s: &str) -> Result<(Option<String>, String), Problem> {
         return Err(problem(
             found,
             format!(
-                "a host name of letters, digits, `-`, `_` or `.` (at most {MAX_HOSTNAME_LEN} bytes)"
+                "a host name of letters, digits, `-`, `_` or `.`, not starting with `-` (at most {MAX_HOSTNAME_LEN} bytes)"
             ),
         ));
     }
@@ -171,7 +172,7 @@ fn parse_line(line: &str) -> Result<HostEntry, Problem> {
                 if !valid_user(value) {
                     return Err(problem(
                         format!("user name `{}`", preview(value)),
-                        "a user name of letters, digits, `-`, `_` or `.`",
+                        "a user name of letters, digits, `-`, `_` or `.`, not starting with `-`",
                     ));
                 }
                 if let Some(u) = &user {
@@ -413,6 +414,26 @@ mod tests {
         assert_eq!((h[0].slots, h[0].max_slots), (3, None));
         let (line, e) = syntax_err("u@a\nv@a\n");
         assert_eq!(line, 2, "{e}");
+    }
+
+    /// A name starting with `-` would reach ssh as an option (`-H -oProxyCommand=...`).
+    #[test]
+    fn names_starting_with_a_dash_are_refused() {
+        for bad in [
+            "-Gx\n",
+            "a\n-oProxyCommand slots=2\n",
+            "-o@n1\n",
+            "n1 user=-F\n",
+            "-x:2\n",
+        ] {
+            let (_, e) = syntax_err(bad);
+            assert!(e.contains("not starting with `-`"), "{bad:?}: {e}");
+        }
+        syntax_err("-oProxyCommand=x\n");
+        assert_eq!(
+            names_slots(&parse("a-b\nn-1:2\n")),
+            ns(&[("a-b", 1), ("n-1", 2)])
+        );
     }
 
     #[test]

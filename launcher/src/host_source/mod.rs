@@ -198,8 +198,11 @@ fn preview(s: &str) -> String {
     out.escape_debug().to_string()
 }
 
+/// Letters, digits, `-`, `.` and `_`, and no leading `-`: a name starting with `-` would reach
+/// ssh (or srun) as an option (`-H -oProxyCommand=...`).
 fn valid_hostname(s: &str) -> bool {
     !s.is_empty()
+        && !s.starts_with('-')
         && s.len() <= MAX_HOSTNAME_LEN
         && s.bytes()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_'))

@@ -5,6 +5,10 @@ use railring::hostlist;
 
 use super::{preview, valid_hostname, HostEntry, HostError, Merger, MAX_SLOTS};
 
+/// Slurm's own limit on the nodes of one allocation (`MaxNodeCount`'s ceiling): a longer node
+/// list is not an allocation, it is a mistake.
+pub const MAX_SLURM_NODES: usize = 65_536;
+
 /// Hosts of the Slurm allocation, from `SLURM_JOB_NODELIST` (or
 /// `SLURM_NODELIST`) and `SLURM_TASKS_PER_NODE` (or
 /// `SLURM_JOB_CPUS_PER_NODE`; 1 slot each when neither is set).
@@ -25,9 +29,16 @@ pub fn hosts_from_slurm_env(
         value: preview(&list),
         source,
     })?;
+    if names.len() > MAX_SLURM_NODES {
+        return Err(HostError::SlurmAllocation(format!(
+            "{var}=`{}` names {} hosts; a Slurm allocation has at most {MAX_SLURM_NODES} nodes",
+            preview(&list),
+            names.len()
+        )));
+    }
     if let Some(bad) = names.iter().find(|n| !valid_hostname(n)) {
         return Err(HostError::SlurmAllocation(format!(
-            "{var} contains `{}`, expected host names of letters, digits, `-`, `_` or `.`",
+            "{var} contains `{}`, expected host names of letters, digits, `-`, `_` or `.`, not starting with `-`",
             preview(bad)
         )));
     }

@@ -103,9 +103,17 @@ pub fn agent_argv(
                 "BatchMode=yes".into(),
                 "-o".into(),
                 format!("ConnectTimeout={}", connect_timeout.as_secs().max(1)),
-                target,
-                remote_cmd,
             ]);
+            // End ssh's options before the destination, so no host name can be read as one
+            // (the host sources also refuse names starting with `-`). Only for OpenSSH's ssh:
+            // a wrapper given with --ssh may not know `--`.
+            if std::path::Path::new(&v[0])
+                .file_name()
+                .is_some_and(|n| n == "ssh")
+            {
+                v.push("--".into());
+            }
+            v.extend([target, remote_cmd]);
             v
         }
         AgentLauncher::Srun(srun) => {
@@ -376,10 +384,15 @@ mod tests {
                 "BatchMode=yes",
                 "-o",
                 "ConnectTimeout=15",
+                "--",
                 "bob@n1",
                 "exec /opt/rr/railrun --agent"
             ]
         );
+        // a wrapper given with --ssh gets no `--` (it may not know it)
+        let w = vec!["/usr/local/bin/my-rsh".to_string()];
+        let v = agent_argv(&AgentLauncher::Ssh, &w, ct, None, "n1", "/r", 0);
+        assert!(!v.contains(&"--".to_string()), "{v:?}");
         let v = agent_argv(
             &AgentLauncher::Ssh,
             &[],
@@ -391,9 +404,10 @@ mod tests {
         );
         assert_eq!(v[0], "ssh");
         assert_eq!(v[4], "ConnectTimeout=1");
-        assert_eq!(v[5], "n1");
+        assert_eq!(v[5], "--");
+        assert_eq!(v[6], "n1");
         assert_eq!(
-            v[6],
+            v[7],
             format!(
                 "exec {} --agent -v",
                 crate::cli::shell_quote("/a b/railrun")

@@ -1,10 +1,15 @@
 //! Remote nodes: railrun starts one agent per remote node (the command line is
 //! [`super::agent_command`]'s), waits for every agent's `Hello`, and reads what each agent says
 //! (its ranks' output and exits, store requests it relays) on a thread of its own.
+//!
+//! Heartbeat: railrun and each agent send a `Ping` every second; an agent that railrun hears
+//! nothing from for `RAILRUN_HEARTBEAT` seconds (default 6) is lost: railrun kills its remote
+//! shell, names the host and ends the job, while the agent, hearing nothing from railrun, kills
+//! its ranks by itself a little later (`agent/heartbeat.rs`; [`crate::proto::Liveness`]).
 
 use super::agent_command::{agent_argv, remote_shell, AgentCommand};
 use super::{Ev, Job, EXIT_AGENT};
-use crate::proto::{self, ExitKind, FrameWriter, Msg};
+use crate::proto::{self, ExitKind, FrameWriter, Liveness, Msg};
 use crate::stdio::Sink;
 use railring::store::wire::{Request, Response};
 use railring::store::{Backend, Store};
@@ -40,6 +45,10 @@ pub(super) struct Agent {
     pub(super) bye: bool,
     /// The remote shell was waited for.
     pub(super) reaped: bool,
+    /// When railrun last heard a frame from it.
+    heard: Arc<Liveness>,
+    /// Silence after which it is declared lost (`RAILRUN_HEARTBEAT`).
+    heartbeat: Duration,
 }
 
 impl Job<'_> {
@@ -50,8 +59,16 @@ impl Job<'_> {
         let Some(how) = self.agent_command() else {
             return false;
         };
+        let heartbeat =
+            match proto::heartbeat_timeout(std::env::var("RAILRUN_HEARTBEAT").ok().as_deref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.fail(super::EXIT_CONFIG, e);
+                    return false;
+                }
+            };
         for ni in 0..self.nodes.len() {
-            if !self.nodes[ni].local && !self.start_agent(ni, &how) {
+            if !self.nodes[ni].local && !self.start_agent(ni, &how, heartbeat) {
                 return false;
             }
         }
@@ -60,7 +77,7 @@ impl Job<'_> {
 
     /// Start node `ni`'s agent and the threads reading its stdout and stderr. False when the
     /// job cannot go on (the failure is recorded and reported).
-    fn start_agent(&mut self, ni: usize, how: &AgentCommand) -> bool {
+    fn start_agent(&mut self, ni: usize, how: &AgentCommand, heartbeat: Duration) -> bool {
         let node = &self.nodes[ni];
         let argv = agent_argv(
             &how.launcher,
@@ -105,8 +122,9 @@ impl Job<'_> {
         };
         let writer = Arc::new(FrameWriter::new(stdin));
         let log = Arc::new(Mutex::new(StderrLog::default()));
+        let heard = Liveness::new();
         self.spawn_agent_stderr(host.clone(), stderr, log.clone());
-        self.spawn_agent_reader(ai, ni, stdout, writer.clone());
+        self.spawn_agent_reader(ai, ni, stdout, writer.clone(), heard.clone());
         self.agents.push(Agent {
             node: ni,
             host,
@@ -118,6 +136,8 @@ impl Job<'_> {
             gone: false,
             bye: false,
             reaped: false,
+            heard,
+            heartbeat,
         });
         self.nodes[ni].agent = Some(ai);
         true
@@ -164,6 +184,64 @@ impl Job<'_> {
         true
     }
 
+    /// Declare lost every agent that railrun heard nothing from (not even a ping) for its
+    /// heartbeat limit: its node is unreachable (a cable, a switch, a powered-off host: no RST
+    /// ever comes) or hung. Its remote shell is killed (which also unblocks any write towards
+    /// it); its ranks are lost with it, which ends the job naming the host. The agent on the far
+    /// side, hearing nothing from railrun either, kills its ranks by itself.
+    pub(super) fn check_heartbeats(&mut self) {
+        for ai in 0..self.agents.len() {
+            let a = &mut self.agents[ai];
+            if a.hello.is_none() || a.gone || a.bye || a.reaped {
+                continue;
+            }
+            let silent = a.heard.silent_for();
+            if silent < a.heartbeat {
+                continue;
+            }
+            a.writer.abandon();
+            let _ = a.child.kill();
+            let _ = a.child.wait();
+            a.reaped = true;
+            a.gone = true;
+            let host = a.host.clone();
+            let node = a.node;
+            let lost: Vec<usize> = self.nodes[node]
+                .ranks
+                .iter()
+                .copied()
+                .filter(|&r| !self.ranks[r].done)
+                .collect();
+            for &r in &lost {
+                self.set_done(r);
+            }
+            let what = format!(
+                "no word from railrun's agent on host {host} for {:.1} s (heartbeat limit \
+                 RAILRUN_HEARTBEAT={}): the host is unreachable or hung",
+                silent.as_secs_f64(),
+                a_secs(self.agents[ai].heartbeat)
+            );
+            if lost.is_empty() {
+                self.say(&format!("{what}; none of its ranks was running"));
+            } else if self.failure.is_some() || self.kill_started.is_some() {
+                self.say(&format!(
+                    "also lost the agent on host {host} with {} rank(s) running: {what}",
+                    lost.len()
+                ));
+            } else {
+                self.fail(
+                    EXIT_AGENT,
+                    format!(
+                        "lost the agent on host {host} with {} rank(s) running (rank {}): {what}; \
+                         its agent kills them when it notices",
+                        lost.len(),
+                        lost[0]
+                    ),
+                );
+            }
+        }
+    }
+
     /// The connect deadline passed: fail naming the first silent host and what its ssh said.
     fn fail_slow_agents(&mut self, ct: Duration) {
         let slow: Vec<usize> = (0..self.agents.len())
@@ -202,6 +280,10 @@ impl Job<'_> {
             ));
         }
         self.agents[agent].hello = Some(hello);
+        proto::spawn_pinger(
+            self.agents[agent].writer.clone(),
+            self.agents[agent].heartbeat.as_millis() as u64,
+        );
         self.agents[agent]
             .stderr
             .lock()
@@ -297,9 +379,11 @@ impl Job<'_> {
         node: usize,
         stdout: impl Read + Send + 'static,
         writer: Arc<FrameWriter<ChildStdin>>,
+        heard: Arc<Liveness>,
     ) {
         let host = self.nodes[node].host.clone();
         let reader = AgentReader {
+            heard,
             agent,
             host: host.clone(),
             tx: self.tx.clone(),
@@ -317,6 +401,7 @@ impl Job<'_> {
 
 /// What the thread reading one agent's frames needs.
 struct AgentReader {
+    heard: Arc<Liveness>,
     agent: usize,
     host: String,
     tx: mpsc::Sender<Ev>,
@@ -348,6 +433,7 @@ impl AgentReader {
         loop {
             match proto::read_msg(&mut r) {
                 Ok(Some(msg)) => {
+                    self.heard.heard();
                     if let Err(why) = self.handle(msg) {
                         return self.gone(why);
                     }
@@ -417,6 +503,7 @@ impl AgentReader {
             Msg::Bye => {
                 let _ = self.tx.send(Ev::AgentBye { agent });
             }
+            Msg::Ping { .. } => {}
             other => {
                 return Err(format!(
                     "protocol error: unexpected {:?} from the agent",
@@ -448,6 +535,16 @@ impl AgentReader {
     }
 }
 
+/// `6` for 6 s, `2.5` for 2.5 s.
+fn a_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{}", s as u64)
+    } else {
+        format!("{s:.1}")
+    }
+}
+
 fn msg_name(m: &Msg) -> &'static str {
     match m {
         Msg::Hello { .. } => "Hello",
@@ -462,5 +559,6 @@ fn msg_name(m: &Msg) -> &'static str {
         Msg::StoreResp { .. } => "StoreResp",
         Msg::Kill { .. } => "Kill",
         Msg::Bye => "Bye",
+        Msg::Ping { .. } => "Ping",
     }
 }

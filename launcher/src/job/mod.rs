@@ -433,6 +433,7 @@ impl<'a> Job<'a> {
     fn event_loop(&mut self) {
         while !self.all_done() {
             self.check_signal_or_timeout();
+            self.check_heartbeats();
             if let Some(t0) = self.kill_started {
                 if !self.escalate_kill(t0.elapsed()) {
                     break;
@@ -558,7 +559,16 @@ impl<'a> Job<'a> {
         for &r in &lost {
             self.set_done(r);
         }
-        if !lost.is_empty() {
+        if !lost.is_empty() && (self.failure.is_some() || self.kill_started.is_some()) {
+            // The job is already ending for another reason, often this loss's own echo (ranks
+            // elsewhere that saw their peers on this host vanish reported first): say it too.
+            let text = self.agent_failure_text(agent, why);
+            self.say(&format!(
+                "also lost the agent on host {} with {} rank(s) running: {text}",
+                self.agents[agent].host,
+                lost.len()
+            ));
+        } else if !lost.is_empty() {
             let text = self.agent_failure_text(agent, why);
             let host = self.agents[agent].host.clone();
             self.fail(
@@ -584,6 +594,8 @@ impl<'a> Job<'a> {
         if n > 0 {
             self.vlog(&format!("killed {n} leftover process(es) of the job"));
         }
+        // Segments of ranks killed while starting up (see railring::transport::shm::sweep_stale).
+        railring::transport::shm::sweep_stale(std::path::Path::new("/dev/shm"));
         self.local.close_store();
         self.sink.flush();
     }
@@ -606,6 +618,7 @@ impl<'a> Job<'a> {
             Instant::now() + Duration::from_secs(8) + self.grace.min(Duration::from_secs(5));
         while self.agents.iter().any(|a| !a.gone && !a.bye) && Instant::now() < deadline {
             self.check_signal_or_timeout();
+            self.check_heartbeats();
             match self.rx.recv_timeout(Duration::from_millis(50)) {
                 Ok(Ev::AgentBye { agent }) => self.agents[agent].bye = true,
                 Ok(Ev::AgentGone { agent, .. }) => self.agents[agent].gone = true,

@@ -18,6 +18,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The deadline of each store request on the failure path (recording or reading the job's
+/// first failure): about a second of answer time, so a rank whose store is gone still ends
+/// within a few seconds of its failure.
+const FAIL_PATH_LIMIT: Duration = Duration::from_secs(2);
+
+/// The receive-reduce chunk of one call: `RAILRING_NET_CHUNK`, but never more than the call's
+/// buffer (rounded up to 4 KiB), so the staging area a call grows is sized by the call, not by
+/// the knob (a 4 MiB all-reduce with `RAILRING_NET_CHUNK=256M` stages 4 MiB).
+fn chunk_for(knob: usize, call_bytes: usize) -> usize {
+    knob.min(call_bytes.next_multiple_of(4096).max(4096))
+}
+
 /// What every communicator made from one bootstrap shares: the job, the store, the TCP
 /// endpoint and the settings — and this communicator's ranks (`peers`, renumbered by `split`).
 #[derive(Clone)]
@@ -137,14 +149,20 @@ impl Inner {
             self.links.abort();
             return e;
         };
+        // Every store request here has a short deadline: the store (or the relay's host) may be
+        // the thing that failed, and a failing rank must end, not wait on it.
         let key = format!("c{:x}/abort", self.comm);
-        let first = match store.check(std::slice::from_ref(&key)) {
+        let first = match store.check_within(std::slice::from_ref(&key), FAIL_PATH_LIMIT) {
             Ok(p) if p.first() == Some(&true) => store
-                .get(&key, Duration::from_secs(1))
+                .get_within(&key, FAIL_PATH_LIMIT)
                 .ok()
                 .map(|v| String::from_utf8_lossy(&v).into_owned()),
             Ok(_) => {
-                let _ = store.set(&key, format!("rank {}: {e}", self.rank).as_bytes());
+                let _ = store.set_within(
+                    &key,
+                    format!("rank {}: {e}", self.rank).as_bytes(),
+                    FAIL_PATH_LIMIT,
+                );
                 None
             }
             Err(_) => None,
@@ -360,7 +378,7 @@ impl Inner {
             links: &mut self.links,
             fabric: self.fabric.as_deref_mut(),
             timeout: self.world.cfg.timeout,
-            chunk: self.world.cfg.net_chunk,
+            chunk: chunk_for(self.world.cfg.net_chunk, work.len().max(input.len())),
             staging: &mut self.staging,
             mem: None,
         };
@@ -643,7 +661,10 @@ impl Inner {
             links: &mut self.links,
             fabric: None,
             timeout: self.world.cfg.timeout,
-            chunk: self.world.cfg.net_chunk,
+            chunk: chunk_for(
+                self.world.cfg.net_chunk,
+                recv.as_ref().map(|r| r.0.len()).unwrap_or(0),
+            ),
             staging: &mut self.staging,
             mem: None,
         };
@@ -654,5 +675,18 @@ impl Inner {
                 recv.map(|(b, (d, p))| (b.as_mut_ptr(), b.len(), p, d)),
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_staging_chunk_is_sized_by_the_call() {
+        assert_eq!(chunk_for(256 << 20, 4 << 20), 4 << 20);
+        assert_eq!(chunk_for(512 << 10, 4 << 20), 512 << 10);
+        assert_eq!(chunk_for(1 << 20, 0), 4096);
+        assert_eq!(chunk_for(1 << 20, 5000), 8192);
     }
 }

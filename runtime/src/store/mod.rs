@@ -5,8 +5,10 @@
 //! srun or torchrun-style env, rank 0 serves one); [`StoreClient`] is what ranks use.
 
 pub mod auth;
+pub mod gate;
 pub mod wire;
 
+use gate::{Deadlined, Gate, Ticket};
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -19,6 +21,9 @@ use wire::{Request, Response};
 pub trait Backend: Send + Sync + 'static {
     fn handle(&self, req: Request) -> Response;
 }
+
+/// The longest a `Get` or `Wait` may wait (a longer timeout from the wire is cut to this).
+pub const MAX_WAIT: Duration = Duration::from_secs(366 * 86400);
 
 /// Upper bound on the bytes held by one store (keys + values).
 pub const MAX_STORE_BYTES: usize = 1 << 30;
@@ -57,7 +62,8 @@ impl Store {
     }
 
     fn wait_keys(&self, keys: &[Vec<u8>], timeout: Duration) -> Result<(), Vec<Vec<u8>>> {
-        let deadline = Instant::now() + timeout;
+        // The timeout comes off the wire: bound it before adding it to a clock.
+        let deadline = Instant::now() + timeout.min(MAX_WAIT);
         let mut g = self.lock();
         loop {
             let missing: Vec<Vec<u8>> = keys
@@ -147,13 +153,16 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Serve `backend` on `listener`: one thread per client; each client must pass the handshake.
+/// Serve `backend` on `listener`: one thread per client; each client must pass the handshake
+/// first, within one deadline, behind a [`Gate`] that bounds pending handshakes and reports
+/// rejected peers.
 pub fn serve(
     listener: TcpListener,
     secret: &str,
     backend: Arc<dyn Backend>,
 ) -> io::Result<ServerHandle> {
     let addr = listener.local_addr()?;
+    let gate = Gate::new(format!("the bootstrap store on {addr}"));
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let secret = secret.as_bytes().to_vec();
@@ -164,27 +173,51 @@ pub fn serve(
                 if stop2.load(Ordering::SeqCst) {
                     break;
                 }
-                let Ok(s) = conn else { continue };
+                let s = match conn {
+                    Ok(s) => s,
+                    Err(_) => {
+                        // Out of descriptors or memory: do not spin.
+                        std::thread::sleep(Duration::from_millis(10));
+                        continue;
+                    }
+                };
+                let Some(ticket) = gate.admit(&s) else {
+                    continue;
+                };
                 let backend = backend.clone();
                 let secret = secret.clone();
+                let gate = gate.clone();
                 let _ = std::thread::Builder::new()
                     .name("rr-store-conn".into())
                     .spawn(move || {
-                        let _ = serve_conn(s, &secret, &*backend);
+                        let _ = serve_conn(s, &secret, &*backend, ticket, &gate);
                     });
             }
         })?;
     Ok(ServerHandle { addr, stop })
 }
 
-fn serve_conn(mut s: TcpStream, secret: &[u8], backend: &dyn Backend) -> io::Result<()> {
+fn serve_conn(
+    mut s: TcpStream,
+    secret: &[u8],
+    backend: &dyn Backend,
+    ticket: Ticket,
+    gate: &Gate,
+) -> io::Result<()> {
     s.set_nodelay(true)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    if let Err(e) = auth::server_handshake(&mut s, secret, Some("store")) {
-        tracing::warn!(target: "railring::bootstrap", "store: rejected a client: {e}");
+    let peer = s.peer_addr().ok();
+    let mut d = Deadlined {
+        s: &mut s,
+        deadline: ticket.deadline,
+    };
+    let r = auth::server_handshake(&mut d, secret, Some("store"));
+    drop(ticket);
+    if let Err(e) = r {
+        gate.reject(peer, &e.to_string());
         return Ok(());
     }
     s.set_read_timeout(None)?;
+    s.set_write_timeout(None)?;
     while let Some(frame) = wire::read_frame(&mut s)? {
         let resp = match Request::decode(&frame) {
             Ok(req) => backend.handle(req),
@@ -213,12 +246,22 @@ pub enum StoreError {
     Remote(String),
     #[error("unexpected store reply: {0}")]
     Protocol(String),
+    #[error("the bootstrap store at {addr} did not answer within {limit:?} (its host unreachable or hung?); this connection is no longer used")]
+    NoReply { addr: String, limit: Duration },
 }
 
-/// A client of the bootstrap store.
+/// How long a store request may wait for its answer beyond the wait it asks the store for
+/// (`Get`/`Wait` timeouts): a store that says nothing for this long is lost.
+pub const REPLY_LIMIT: Duration = Duration::from_secs(60);
+
+/// A client of the bootstrap store. Every request has a deadline: the wait it asks for plus
+/// [`REPLY_LIMIT`], or the caller's limit (`*_within`, for failure paths, which must never wait
+/// long on a store that may be gone). A request that misses its deadline breaks the connection
+/// for good (a late answer would be taken for the next one's): later requests fail at once.
 pub struct StoreClient {
     s: Mutex<TcpStream>,
     addr: String,
+    broken: AtomicBool,
 }
 
 impl StoreClient {
@@ -256,6 +299,7 @@ impl StoreClient {
                         return Ok(StoreClient {
                             s: Mutex::new(s),
                             addr: addr.to_string(),
+                            broken: AtomicBool::new(false),
                         });
                     }
                     Err(e) => last = e,
@@ -276,14 +320,60 @@ impl StoreClient {
     }
 
     fn call(&self, req: &Request) -> Result<Response, StoreError> {
-        let mut s = self.s.lock().unwrap_or_else(|e| e.into_inner());
-        wire::write_frame(&mut *s, &req.encode())?;
-        let f = wire::read_frame(&mut *s)?.ok_or_else(|| {
-            StoreError::Io(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "store closed the connection",
-            ))
-        })?;
+        let wait = match req {
+            Request::Get { timeout, .. } | Request::Wait { timeout, .. } => *timeout,
+            _ => Duration::ZERO,
+        };
+        self.call_within(req, wait.saturating_add(REPLY_LIMIT))
+    }
+
+    /// One request, answered within `limit` (the lock, the write and the answer together) or
+    /// [`StoreError::NoReply`], after which the connection is not used again.
+    fn call_within(&self, req: &Request, limit: Duration) -> Result<Response, StoreError> {
+        let deadline = Instant::now() + limit.min(MAX_WAIT + REPLY_LIMIT);
+        let no_reply = || StoreError::NoReply {
+            addr: self.addr.clone(),
+            limit,
+        };
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(no_reply());
+        }
+        // Another thread may hold the connection (a request of its own): wait for it only
+        // until our deadline.
+        let mut s = loop {
+            match self.s.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if Instant::now() >= deadline || self.broken.load(Ordering::SeqCst) {
+                        return Err(no_reply());
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        };
+        let mut d = Deadlined {
+            s: &mut s,
+            deadline,
+        };
+        let r = wire::write_frame(&mut d, &req.encode()).and_then(|_| wire::read_frame(&mut d));
+        let f = match r {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                self.broken.store(true, Ordering::SeqCst);
+                return Err(StoreError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "store closed the connection",
+                )));
+            }
+            Err(e) => {
+                self.broken.store(true, Ordering::SeqCst);
+                return Err(match e.kind() {
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => no_reply(),
+                    _ => StoreError::Io(e),
+                });
+            }
+        };
         match Response::decode(&f) {
             Ok(Response::Error(e)) => Err(StoreError::Remote(e)),
             Ok(r) => Ok(r),
@@ -332,9 +422,41 @@ impl StoreClient {
     }
 
     pub fn check(&self, keys: &[String]) -> Result<Vec<bool>, StoreError> {
+        self.check_within(keys, REPLY_LIMIT)
+    }
+
+    /// [`Self::check`], answered within `limit` (failure paths).
+    pub fn check_within(&self, keys: &[String], limit: Duration) -> Result<Vec<bool>, StoreError> {
         let keys = keys.iter().map(|k| k.as_bytes().to_vec()).collect();
-        match self.call(&Request::Check { keys })? {
+        match self.call_within(&Request::Check { keys }, limit)? {
             Response::Present(p) => Ok(p),
+            r => Err(StoreError::Protocol(format!("{r:?}"))),
+        }
+    }
+
+    /// [`Self::set`], answered within `limit` (failure paths).
+    pub fn set_within(&self, key: &str, value: &[u8], limit: Duration) -> Result<(), StoreError> {
+        let req = Request::Set {
+            key: key.as_bytes().to_vec(),
+            value: value.to_vec(),
+        };
+        match self.call_within(&req, limit)? {
+            Response::Ok => Ok(()),
+            r => Err(StoreError::Protocol(format!("{r:?}"))),
+        }
+    }
+
+    /// [`Self::get`] of a key that should already be there, answered within `limit` (failure
+    /// paths): the store waits at most `limit` for the key, and the answer must come within
+    /// twice that.
+    pub fn get_within(&self, key: &str, limit: Duration) -> Result<Vec<u8>, StoreError> {
+        let req = Request::Get {
+            key: key.as_bytes().to_vec(),
+            timeout: limit,
+        };
+        match self.call_within(&req, limit.saturating_mul(2))? {
+            Response::Value(v) => Ok(v),
+            Response::Timeout(m) => Err(timeout_err(m, limit)),
             r => Err(StoreError::Protocol(format!("{r:?}"))),
         }
     }
@@ -392,12 +514,64 @@ mod tests {
         assert!(matches!(c.add("txt", 1), Err(StoreError::Remote(_))));
     }
 
+    /// Timeouts come off the wire: the largest one a frame can carry is answered, not a panic
+    /// (`Instant + Duration` panics on overflow; the server bounds the wait first).
+    #[test]
+    fn the_largest_wire_timeout_is_bounded() {
+        let st = Store::new();
+        st.handle(Request::Set {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        });
+        let forever = Duration::from_millis(u64::MAX);
+        let r = st.handle(Request::Get {
+            key: b"k".to_vec(),
+            timeout: forever,
+        });
+        assert_eq!(r, Response::Value(b"v".to_vec()));
+        let r = st.handle(Request::Wait {
+            keys: vec![b"k".to_vec()],
+            timeout: forever,
+        });
+        assert_eq!(r, Response::Ok);
+    }
+
     #[test]
     fn wrong_secret_is_refused() {
         let (h, st) = server("right");
         let r = StoreClient::connect(&h.addr.to_string(), "wrong", Duration::from_secs(2));
         assert!(matches!(r, Err(StoreError::Auth { .. })), "{:?}", r.err());
         assert!(st.lock().0.is_empty());
+    }
+
+    /// A store that takes the handshake and then never answers (its host cut off behind a
+    /// relay): failure-path requests end within their limit, and the connection is not reused.
+    #[test]
+    fn failure_path_requests_end_when_the_store_never_answers() {
+        struct Mute(Mutex<()>, Condvar);
+        impl Backend for Mute {
+            fn handle(&self, _: Request) -> Response {
+                let g = self.0.lock().unwrap();
+                let _ = self.1.wait_timeout(g, Duration::from_secs(30));
+                Response::Ok
+            }
+        }
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let h = serve(l, "k", Arc::new(Mute(Mutex::new(()), Condvar::new()))).unwrap();
+        let c = StoreClient::connect(&h.addr.to_string(), "k", Duration::from_secs(2)).unwrap();
+        let t = Instant::now();
+        let r = c.check_within(&["c0/abort".into()], Duration::from_millis(300));
+        assert!(matches!(r, Err(StoreError::NoReply { .. })), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(r.unwrap_err().to_string().contains("did not answer"));
+        let t = Instant::now();
+        assert!(c.set_within("k", b"v", Duration::from_secs(5)).is_err());
+        assert!(c.get_within("k", Duration::from_secs(5)).is_err());
+        assert!(c.get("k", Duration::from_secs(5)).is_err());
+        assert!(
+            t.elapsed() < Duration::from_millis(100),
+            "a broken client fails at once"
+        );
     }
 
     #[test]

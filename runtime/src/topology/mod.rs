@@ -142,6 +142,13 @@ fn parse_xml<'a>(text: &'a str, name: &str) -> Result<roxmltree::Document<'a>, T
             limit: MAX_FILE_BYTES,
         });
     }
+    if let Some((line, _)) = util::xml_too_deep(text, MAX_XML_DEPTH) {
+        return Err(TopoError::Limit {
+            file: name.to_string(),
+            line,
+            msg: format!("elements nest deeper than {MAX_XML_DEPTH} levels"),
+        });
+    }
     let opts = roxmltree::ParsingOptions {
         allow_dtd: true,
         nodes_limit: MAX_XML_NODES,

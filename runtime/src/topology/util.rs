@@ -1,5 +1,5 @@
 //! Small, bounded parsers shared by the loaders: CPU lists, CPU masks, PCI
-//! bus ids, link speeds, and bounded file reads.
+//! bus ids, link speeds, bounded file reads, and the XML nesting pre-scan.
 
 use std::cmp::Ordering;
 use std::io::Read;
@@ -270,9 +270,107 @@ pub fn intersect(a: &[usize], b: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+/// The first place where elements nest deeper than `max` in `text`: (line, depth). A lexical
+/// pre-scan run before the XML parser, whose recursion would otherwise overflow the stack on
+/// a file nested tens of thousands of levels deep. It skips comments, CDATA, processing
+/// instructions, the DOCTYPE (with its internal subset) and quoted attribute values; on
+/// malformed input it may stop early, which is harmless: the parser then reports the error.
+pub fn xml_too_deep(text: &str, max: usize) -> Option<(u32, usize)> {
+    let b = text.as_bytes();
+    let find = |from: usize, pat: &[u8]| -> Option<usize> {
+        b.get(from..)?
+            .windows(pat.len())
+            .position(|w| w == pat)
+            .map(|p| from + p + pat.len())
+    };
+    let (mut i, mut depth, mut line) = (0usize, 0usize, 1u32);
+    while i < b.len() {
+        if b[i] == b'\n' {
+            line += 1;
+        }
+        if b[i] != b'<' {
+            i += 1;
+            continue;
+        }
+        let rest = &b[i + 1..];
+        let end = if rest.starts_with(b"!--") {
+            find(i + 4, b"-->")
+        } else if rest.starts_with(b"![CDATA[") {
+            find(i + 9, b"]]>")
+        } else if rest.starts_with(b"?") {
+            find(i + 2, b"?>")
+        } else if rest.starts_with(b"!") {
+            // <!DOCTYPE ... [ internal subset ] >: skip brackets and quotes
+            let (mut j, mut br, mut q) = (i + 2, 0usize, 0u8);
+            loop {
+                match b.get(j) {
+                    None => break None,
+                    Some(&c) if q != 0 && c == q => q = 0,
+                    Some(_) if q != 0 => {}
+                    Some(&c) if c == b'"' || c == b'\'' => q = c,
+                    Some(b'[') => br += 1,
+                    Some(b']') => br = br.saturating_sub(1),
+                    Some(b'>') if br == 0 => break Some(j + 1),
+                    _ => {}
+                }
+                j += 1;
+            }
+        } else {
+            // a start or end tag: to its '>', outside quotes
+            let (mut j, mut q) = (i + 1, 0u8);
+            let close = loop {
+                match b.get(j) {
+                    None => break None,
+                    Some(&c) if q != 0 && c == q => q = 0,
+                    Some(_) if q != 0 => {}
+                    Some(&c) if c == b'"' || c == b'\'' => q = c,
+                    Some(b'>') => break Some(j),
+                    _ => {}
+                }
+                j += 1;
+            };
+            let close = close?;
+            if rest.starts_with(b"/") {
+                depth = depth.saturating_sub(1);
+            } else if b[close - 1] != b'/' {
+                depth += 1;
+                if depth > max {
+                    return Some((line, depth));
+                }
+            }
+            Some(close + 1)
+        };
+        let end = end?;
+        line += b[i + 1..end].iter().filter(|&&c| c == b'\n').count() as u32;
+        i = end;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xml_nesting_is_measured_lexically() {
+        let deep = format!("<a>{}{}</a>", "<b x='>'>".repeat(300), "</b>".repeat(300));
+        assert_eq!(xml_too_deep(&deep, 256), Some((1, 257)));
+        assert_eq!(xml_too_deep(&deep, 400), None);
+        let flat = "<?xml version='1.0'?>\n<!DOCTYPE s [<!ENTITY e '<<'>]>\n<s><!-- <x><x> --><![CDATA[<y><y>]]><c/><c/></s>";
+        assert_eq!(xml_too_deep(flat, 1), None);
+        assert_eq!(xml_too_deep("<a>\n<b>\n<c>", 2), Some((3, 3)));
+        for junk in [
+            "<",
+            "<a",
+            "<!--",
+            "<![CDATA[",
+            "<!DOCTYPE [",
+            "<a b='",
+            "\u{0}<>",
+        ] {
+            let _ = xml_too_deep(junk, 1);
+        }
+    }
 
     #[test]
     fn cpulists() {

@@ -160,14 +160,15 @@ impl Links for LinkTable {
                     }
                     if let Some(store) = &self.store {
                         let key = format!("c{:x}/abort", self.comm);
+                        // Short deadlines: the store may be gone too (see StoreClient).
                         if store
-                            .check(std::slice::from_ref(&key))
+                            .check_within(std::slice::from_ref(&key), Duration::from_secs(2))
                             .ok()
                             .and_then(|p| p.first().copied())
                             == Some(true)
                         {
                             let why = store
-                                .get(&key, Duration::from_secs(1))
+                                .get_within(&key, Duration::from_secs(1))
                                 .map(|v| String::from_utf8_lossy(&v).into_owned())
                                 .unwrap_or_default();
                             return Err(Error::PeerDead {

@@ -6,6 +6,7 @@
 
 use super::{Link, LinkError, LinkId};
 use crate::store::auth;
+use crate::store::gate::{Deadlined, Gate, Ticket};
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::HashMap;
@@ -194,6 +195,11 @@ impl Hello {
         b[20..24].copy_from_slice(&self.count.to_le_bytes());
         b
     }
+    /// A stream count the link may have and an index inside it.
+    fn valid(&self) -> bool {
+        self.count > 0 && self.count as usize <= MAX_STREAMS && self.index < self.count
+    }
+
     fn parse(b: &[u8; HELLO]) -> Hello {
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         Hello {
@@ -204,6 +210,16 @@ impl Hello {
             count: u32_at(20),
         }
     }
+}
+
+/// A connector's hello as the acceptor reads it (after the handshake): `(communicator, rank,
+/// channel, index, count)` when it is well formed and would be filed under a link, `None` when
+/// it would be dropped. Public for the fuzz harness (`tests/fuzz`).
+#[doc(hidden)]
+pub fn parse_hello(b: &[u8]) -> Option<(u64, u32, u32, u32, u32)> {
+    let h = Hello::parse(b.get(..HELLO)?.try_into().ok()?);
+    h.valid()
+        .then_some((h.comm, h.from, h.chan, h.index, h.count))
 }
 
 /// Most TCP connections one link may stripe over (`RAILRING_NET_STREAMS`).
@@ -223,7 +239,7 @@ type Pending = Arc<(Mutex<HashMap<(u64, u32, u32), Arrivals>>, Condvar)>;
 fn file_arrival(pending: &Pending, h: &Hello, s: TcpStream) {
     let chan = h.chan;
     let (index, count) = (h.index as usize, h.count as usize);
-    if count == 0 || count > MAX_STREAMS || index >= count {
+    if !h.valid() {
         return;
     }
     let (m, cv) = &**pending;
@@ -270,19 +286,32 @@ impl TcpNet {
             });
             let pending = pending.clone();
             let secret = secret.as_bytes().to_vec();
+            let gate = Gate::new(format!("the data port on {}", l.local_addr()?));
             std::thread::Builder::new()
                 .name("rr-tcp-accept".into())
                 .spawn(move || {
-                    for s in l.incoming().flatten() {
+                    for s in l.incoming() {
+                        let Ok(s) = s else {
+                            // Out of descriptors or memory: do not spin.
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        };
+                        // Handshake off the accept thread, behind the gate: a slow or hostile
+                        // client can neither block others nor hold more than the gate's threads.
+                        let Some(ticket) = gate.admit(&s) else {
+                            continue;
+                        };
                         let pending = pending.clone();
                         let secret = secret.clone();
-                        // Handshake off the accept thread: a slow or hostile client cannot block others.
+                        let gate = gate.clone();
                         let _ =
                             std::thread::Builder::new()
                                 .name("rr-tcp-hs".into())
                                 .spawn(move || {
-                                    if let Ok((h, s)) = accept_one(s, &secret) {
-                                        file_arrival(&pending, &h, s);
+                                    let peer = s.peer_addr().ok();
+                                    match accept_one(s, &secret, ticket) {
+                                        Ok((h, s)) => file_arrival(&pending, &h, s),
+                                        Err(e) => gate.reject(peer, &e.to_string()),
                                     }
                                 });
                     }
@@ -448,13 +477,21 @@ fn local_ip(rails: &[Rail], r: usize) -> String {
         .unwrap_or_default()
 }
 
-fn accept_one(mut s: TcpStream, secret: &[u8]) -> io::Result<(Hello, TcpStream)> {
+/// The acceptor's side of a data connection: the handshake and the hello, within the ticket's
+/// one deadline.
+fn accept_one(mut s: TcpStream, secret: &[u8], ticket: Ticket) -> io::Result<(Hello, TcpStream)> {
     s.set_nodelay(true)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    auth::server_handshake(&mut s, secret, Some("data"))
+    let mut d = Deadlined {
+        s: &mut s,
+        deadline: ticket.deadline,
+    };
+    auth::server_handshake(&mut d, secret, Some("data"))
         .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
     let mut b = [0u8; HELLO];
-    s.read_exact(&mut b)?;
+    d.read_exact(&mut b)?;
+    drop(ticket);
+    s.set_read_timeout(None)?;
+    s.set_write_timeout(None)?;
     Ok((Hello::parse(&b), s))
 }
 

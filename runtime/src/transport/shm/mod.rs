@@ -77,7 +77,12 @@ impl Segment {
                 .write(true)
                 .create_new(true)
                 .open(path)?;
-            f.set_len(len as u64)?;
+            // Reserve every page now: a sparse file on a full tmpfs maps fine and then kills
+            // the process with SIGBUS in the middle of a collective.
+            if let Err(e) = reserve(&f, len) {
+                let _ = std::fs::remove_file(path);
+                return Err(no_room(path, len, e));
+            }
             f
         } else {
             let f = OpenOptions::new().read(true).write(true).open(path)?;
@@ -109,6 +114,175 @@ impl Segment {
             len,
         })
     }
+}
+
+/// Allocate `len` bytes of `f` for real (`posix_fallocate`).
+fn reserve(f: &std::fs::File, len: usize) -> std::io::Result<()> {
+    loop {
+        // SAFETY: fallocate on a file descriptor we own; the length fits in off_t.
+        let r = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, len as libc::off_t) };
+        match r {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            // A file system without fallocate: fall back to a sparse file.
+            libc::EOPNOTSUPP | libc::EINVAL => return f.set_len(len as u64),
+            e => return Err(std::io::Error::from_raw_os_error(e)),
+        }
+    }
+}
+
+/// The error for a segment that does not fit: how much it needs, what the file system has, and
+/// what to do.
+fn no_room(path: &Path, len: usize, e: std::io::Error) -> std::io::Error {
+    let dir = path.parent().unwrap_or(Path::new("/dev/shm"));
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let room = statvfs(dir)
+        .map(|(size, free)| {
+            format!(
+                "{} has {:.1} MiB free of {:.1} MiB",
+                dir.display(),
+                mib(free),
+                mib(size)
+            )
+        })
+        .unwrap_or_else(|| format!("{} is too small", dir.display()));
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "the node's shared-memory segment needs {:.1} MiB but {room} ({e}); enlarge it \
+             (`docker run --shm-size=1g`, or `mount -o remount,size=1G {}`), lower \
+             RAILRING_SHM_SLOT (three slots per local rank), or start fewer ranks per node",
+            mib(len as u64),
+            dir.display()
+        ),
+    )
+}
+
+/// (size, free) bytes of the file system holding `dir`.
+fn statvfs(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid C string and an out-parameter of the right type.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    let f = st.f_frsize as u64;
+    Some((st.f_blocks as u64 * f, st.f_bavail as u64 * f))
+}
+
+/// Where the creator of `path` builds it before renaming it into place.
+fn init_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(format!(".init-{}", std::process::id()));
+    PathBuf::from(p)
+}
+
+/// This process's PID namespace (the inode of `/proc/self/ns/pid`; 0 when unknown): pids in a
+/// segment are only meaningful to a process of the same namespace.
+fn pid_ns() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid")
+        .map(|m| m.ino())
+        .unwrap_or(0)
+}
+
+/// Remove the segments in `dir` (`railring-*`) that a crash left behind: those whose every
+/// recorded rank is dead (checked only when they were created in our PID namespace), and
+/// half-created files (no header) older than a minute. Segments are unlinked as soon as every
+/// local rank mapped them, so only a job that died during its start-up leaves one; the next
+/// railring start on the node (a node's first rank, railrun and its agents at the end of a
+/// job) sweeps it. Returns how many were removed.
+pub fn sweep_stale(dir: &Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let ours = pid_ns();
+    let mut removed = 0;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with("railring-") {
+            continue;
+        }
+        let path = e.path();
+        if is_stale(&path, ours) && std::fs::remove_file(&path).is_ok() {
+            tracing::info!(target: "railring::init", "removed a stale shared-memory segment {}", path.display());
+            removed += 1;
+        }
+    }
+    removed
+}
+
+fn is_stale(path: &Path, ours: u64) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let Ok(meta) = f.metadata() else {
+        return false;
+    };
+    let age = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.elapsed().ok())
+        .unwrap_or_default();
+    // A segment still being built: stale when its creator is dead (and it is not brand new,
+    // in case the creator lives in another PID namespace sharing this /dev/shm).
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Some(pid) = name
+        .rsplit_once(".init-")
+        .and_then(|(_, p)| p.parse::<u32>().ok())
+    {
+        return age > Duration::from_secs(1) && !pid_alive(pid);
+    }
+    let old = age > Duration::from_secs(60);
+    let mut hdr = [0u8; 24];
+    if f.read_exact(&mut hdr).is_err() {
+        return old;
+    }
+    let word = |i: usize| u64::from_le_bytes(hdr[i..i + 8].try_into().unwrap_or_default());
+    if word(0) != MAGIC {
+        return old;
+    }
+    let (local, ns) = (word(8) as usize, word(16));
+    if ns == 0 || ns != ours || local == 0 || local > 4096 {
+        return false;
+    }
+    if meta.len() < (HDR + local * CTL) as u64 {
+        return false;
+    }
+    let mut any = false;
+    for i in 0..local {
+        let mut b = [0u8; 4];
+        use std::os::unix::fs::FileExt;
+        if f.read_exact_at(&mut b, (HDR + i * CTL + 192) as u64)
+            .is_err()
+        {
+            return false;
+        }
+        let pid = u32::from_le_bytes(b);
+        if pid == 0 {
+            continue;
+        }
+        any = true;
+        if pid_alive(pid) {
+            return false;
+        }
+    }
+    any || old
+}
+
+/// Does process `pid` exist (a zombie counts as alive: its parent has not reaped it yet)?
+fn pid_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Geometry of a node segment.
@@ -157,7 +331,15 @@ impl Node {
         host: String,
         create: bool,
     ) -> std::io::Result<Arc<Node>> {
-        let seg = Segment::map(path, geo.total(), create)?;
+        if create {
+            sweep_stale(path.parent().unwrap_or(Path::new("/dev/shm")));
+        }
+        // The creator builds the segment under a name of its own (`<name>.init-<pid>`) and
+        // renames it into place once its header and pid are written: a crash while reserving
+        // or initialising leaves a file the sweep recognises by its dead creator's pid, and
+        // a peer never opens a half-made segment.
+        let init = init_path(path);
+        let seg = Segment::map(if create { &init } else { path }, geo.total(), create)?;
         let node = Node {
             seg,
             geo,
@@ -166,8 +348,11 @@ impl Node {
             host,
         };
         if create {
-            // SAFETY: header is inside the mapping; the file was zero-filled by set_len.
+            // SAFETY: header is inside the mapping; the file was zero-filled by set_len. The
+            // local size and our PID namespace let a later sweep tell a dead job's segment.
             unsafe {
+                std::ptr::write((node.seg.base() as *mut u64).add(1), geo.local_size as u64);
+                std::ptr::write((node.seg.base() as *mut u64).add(2), pid_ns());
                 std::ptr::write(node.seg.base() as *mut u64, MAGIC);
             }
         } else {
@@ -181,6 +366,12 @@ impl Node {
             }
         }
         node.pid(me).store(std::process::id(), Ordering::Release);
+        if create {
+            if let Err(e) = std::fs::rename(&init, path) {
+                let _ = std::fs::remove_file(&init);
+                return Err(e);
+            }
+        }
         Ok(Arc::new(node))
     }
 
@@ -320,4 +511,92 @@ pub fn segment_path(job: &str, comm: u64, node_key: &str) -> PathBuf {
         .take(24)
         .collect();
     PathBuf::from(format!("/dev/shm/railring-{job}-{comm:x}-{clean}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("rr-shm-sweep-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn geo() -> Geometry {
+        Geometry {
+            local_size: 2,
+            slot_bytes: 4096,
+            ring_bytes: 4096,
+        }
+    }
+
+    /// A pid that is surely dead: a child we started and reaped.
+    fn dead_pid() -> u32 {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn the_sweep_removes_dead_jobs_segments_only() {
+        let d = dir("a");
+        // a live segment (this process is rank 0), a dead job's, a half-created one, a stranger
+        let live = d.join("railring-live");
+        let n = Node::open(&live, geo(), vec![0, 1], 0, "h".into(), true).unwrap();
+        let dead = d.join("railring-dead");
+        let m = Node::open(&dead, geo(), vec![0, 1], 0, "h".into(), true).unwrap();
+        m.pid(0).store(dead_pid(), Ordering::Release);
+        let half = d.join("railring-half");
+        std::fs::write(&half, b"").unwrap();
+        let other = d.join("not-ours");
+        std::fs::write(&other, b"x").unwrap();
+        // segments being built: by a dead creator (older than 1 s), by a live one (us)
+        let dying = d.join(format!("railring-x.init-{}", dead_pid()));
+        std::fs::write(&dying, b"").unwrap();
+        let f = std::fs::File::options().write(true).open(&dying).unwrap();
+        f.set_modified(std::time::SystemTime::now() - Duration::from_secs(5))
+            .unwrap();
+        let building = d.join(format!("railring-y.init-{}", std::process::id()));
+        std::fs::write(&building, b"").unwrap();
+        assert_eq!(sweep_stale(&d), 2);
+        assert!(live.exists() && !dead.exists() && half.exists() && other.exists());
+        assert!(!dying.exists() && building.exists());
+        drop((n, m));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_segment_that_does_not_fit_is_a_clear_error() {
+        // /dev/shm is a tmpfs; a segment larger than it is refused at creation, not by SIGBUS
+        // (tmpfs refuses a fallocate larger than the whole file system before allocating).
+        let Some((size, _)) = statvfs(Path::new("/dev/shm")) else {
+            return;
+        };
+        let path = PathBuf::from(format!("/dev/shm/railring-fit-test-{}", std::process::id()));
+        let too_big = Geometry {
+            local_size: 1,
+            slot_bytes: (size as usize / 2).next_multiple_of(4096),
+            ring_bytes: 4096,
+        };
+        match Node::open(&path, too_big, vec![0], 0, "h".into(), true) {
+            Ok(_) => panic!(
+                "a {} byte segment fit in a {size} byte /dev/shm",
+                too_big.total()
+            ),
+            Err(e) => {
+                let m = e.to_string();
+                assert!(
+                    m.contains("needs")
+                        && m.contains("MiB free")
+                        && m.contains("RAILRING_SHM_SLOT"),
+                    "{m}"
+                );
+            }
+        }
+        assert!(!path.exists(), "the failed segment was removed");
+    }
 }
