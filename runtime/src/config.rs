@@ -139,6 +139,7 @@ pub fn topo_file_from_env() -> Option<PathBuf> {
 pub fn bind_vars_from_env() -> BindVars {
     BindVars {
         bind_to: std::env::var_os(vars::BIND_TO),
+        map_by: std::env::var_os(vars::MAP_BY),
         nic_map: std::env::var_os(vars::NIC_MAP),
         cuda_visible_devices: std::env::var_os("CUDA_VISIBLE_DEVICES"),
     }

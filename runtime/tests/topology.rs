@@ -980,7 +980,8 @@ fn bind_to_none_leaves_affinity_alone() {
         // GPU and NIC choices do not change.
         assert_eq!(primary(bi), i);
     }
-    assert!(BindOptions::from_values(Some("socket"), None, None, None).is_err());
+    assert!(BindOptions::from_values(Some("board"), None, None, None).is_err());
+    assert_eq!("package".parse::<BindTo>().unwrap(), BindTo::Socket);
     assert_eq!("NUMA".parse::<BindTo>().unwrap(), BindTo::Numa);
     assert!(t.bindings(1_000_000, &file_opts()).is_err());
 }

@@ -35,8 +35,10 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
+
 use std::str::FromStr;
 
+use super::cpus::{Loc, NodeMap};
 use super::model::{DeviceId, Topology};
 use super::paths::PathClass;
 use super::util::{format_cpulist, intersect};
@@ -57,8 +59,14 @@ pub enum BindTo {
     /// All allowed CPUs of the NUMA node (default).
     #[default]
     Numa,
-    /// A disjoint share of the NUMA node's cores.
+    /// A disjoint share of the NUMA node's cores; with a `--map-by` object mapping
+    /// (`RAILRING_MAP_BY`), the one core the rank is mapped to.
     Core,
+    /// Every allowed CPU of the socket (package) the rank is on (Open MPI `--bind-to socket`).
+    Socket,
+    /// One hardware thread (Open MPI `--bind-to hwthread`): the ranks sharing a set take
+    /// distinct threads, one per core before a second thread of any core.
+    Hwthread,
 }
 
 impl FromStr for BindTo {
@@ -68,6 +76,8 @@ impl FromStr for BindTo {
             "none" => Ok(BindTo::None),
             "numa" => Ok(BindTo::Numa),
             "core" => Ok(BindTo::Core),
+            "socket" | "package" => Ok(BindTo::Socket),
+            "hwthread" => Ok(BindTo::Hwthread),
             _ => Err(TopoError::BindTo {
                 found: s.chars().take(40).collect(),
             }),
@@ -76,12 +86,15 @@ impl FromStr for BindTo {
 }
 
 impl BindTo {
-    /// `none`, `numa` or `core`: the `--bind-to` / `RAILRING_BIND_TO` spelling.
+    /// `none`, `numa`, `core`, `socket` or `hwthread`: the `--bind-to` / `RAILRING_BIND_TO`
+    /// spelling.
     pub fn as_str(self) -> &'static str {
         match self {
             BindTo::None => "none",
             BindTo::Numa => "numa",
             BindTo::Core => "core",
+            BindTo::Socket => "socket",
+            BindTo::Hwthread => "hwthread",
         }
     }
 }
@@ -203,6 +216,9 @@ pub struct BindOptions {
     /// passes its rail interfaces (`RAILRING_SOCKET_IFNAME`) so the chosen NIC is a rail.
     /// Ignored when none of the topology's NICs matches. `None`: every NIC.
     pub nic_allow: Option<Vec<String>>,
+    /// `RAILRING_MAP_BY`: how ranks without a GPU spread over cores, sockets or NUMA nodes
+    /// (see [`NodeMap`]); `None`: round-robin over NUMA nodes.
+    pub map: Option<NodeMap>,
 }
 
 /// The raw values the binding options come from: `RAILRING_BIND_TO` (the launcher exports
@@ -211,6 +227,7 @@ pub struct BindOptions {
 #[derive(Clone, Debug, Default)]
 pub struct BindVars {
     pub bind_to: Option<std::ffi::OsString>,
+    pub map_by: Option<std::ffi::OsString>,
     pub nic_map: Option<std::ffi::OsString>,
     pub cuda_visible_devices: Option<std::ffi::OsString>,
 }
@@ -232,12 +249,16 @@ impl BindVars {
                 },
             }
         };
-        BindOptions::from_values(
+        let mut o = BindOptions::from_values(
             get(vars::BIND_TO, &self.bind_to)?.as_deref(),
             get(vars::NIC_MAP, &self.nic_map)?.as_deref(),
             get("CUDA_VISIBLE_DEVICES", &self.cuda_visible_devices)?.as_deref(),
             process_allowed_cpus().ok(),
-        )
+        )?;
+        if let Some(m) = get(vars::MAP_BY, &self.map_by)?.filter(|m| !m.trim().is_empty()) {
+            o.map = Some(NodeMap::parse(&m)?);
+        }
+        Ok(o)
     }
 }
 
@@ -269,6 +290,7 @@ impl BindOptions {
                 v
             }),
             nic_allow: None,
+            map: None,
         })
     }
 }
@@ -313,19 +335,22 @@ pub struct Binding {
     pub reason: String,
 }
 
-struct Plan {
-    gpu: Option<(usize, usize)>, // (index, cuda ordinal)
-    numa: Option<usize>,
-    src: Option<DeviceId>,
+/// One local rank's binding while it is chosen.
+pub(super) struct Plan {
+    pub(super) gpu: Option<(usize, usize)>, // (index, cuda ordinal)
+    pub(super) numa: Option<usize>,
+    /// The core `RAILRING_MAP_BY` put the rank on.
+    pub(super) loc: Option<Loc>,
+    pub(super) src: Option<DeviceId>,
     /// (nic, class, bandwidth) for every candidate, best first.
-    ranked: Vec<(usize, PathClass, u64)>,
-    tier: Vec<usize>,
-    nics: Vec<usize>,
-    cpus: Vec<usize>,
-    mapped: bool,
-    why_gpu: String,
-    why_nic: String,
-    why_cpu: String,
+    pub(super) ranked: Vec<(usize, PathClass, u64)>,
+    pub(super) tier: Vec<usize>,
+    pub(super) nics: Vec<usize>,
+    pub(super) cpus: Vec<usize>,
+    pub(super) mapped: bool,
+    pub(super) why_gpu: String,
+    pub(super) why_nic: String,
+    pub(super) why_cpu: String,
 }
 
 impl Topology {
@@ -414,6 +439,7 @@ impl Topology {
                 let mut p = Plan {
                     gpu: None,
                     numa: None,
+                    loc: None,
                     src: None,
                     ranked: Vec::new(),
                     tier: Vec::new(),
@@ -461,6 +487,22 @@ impl Topology {
                 p
             })
             .collect();
+
+        // 1b. Ranks without a GPU: the cores RAILRING_MAP_BY puts them on.
+        if let (Some(map), true) = (opts.map, visible.is_empty()) {
+            let locs = self.map_ranks(local_size, map, &allowed)?;
+            for (p, loc) in plans.iter_mut().zip(locs) {
+                if let Some(n) = loc.core.first().and_then(|&c| self.numa_of_cpu(c)) {
+                    p.numa = Some(n);
+                    p.src = Some(DeviceId::Numa(n));
+                }
+                p.why_gpu = format!(
+                    "no GPU: NUMA node {} by the mapping",
+                    p.numa.map_or("?".into(), |n| n.to_string())
+                );
+                p.loc = Some(loc);
+            }
+        }
 
         // 2. NICs.
         self.choose_nics(&mut plans, opts)?;
@@ -719,137 +761,6 @@ impl Topology {
             }
         }
         Ok(())
-    }
-
-    fn choose_cpus(
-        &self,
-        plans: &mut [Plan],
-        bind_to: BindTo,
-        allowed: &[usize],
-        restricted: bool,
-    ) {
-        let allowed_word = if restricted {
-            "allowed CPUs (sched_getaffinity)"
-        } else {
-            "all CPUs"
-        };
-        // Base set per rank: NUMA CPUs ∩ allowed.
-        let mut bases: Vec<Vec<usize>> = Vec::with_capacity(plans.len());
-        for p in plans.iter_mut() {
-            let (base, why) = match p.numa.and_then(|n| self.numa_node(n)) {
-                Some(node) if !node.cpus.is_empty() => {
-                    let i = intersect(&node.cpus, allowed);
-                    if i.is_empty() {
-                        (
-                            allowed.to_vec(),
-                            format!(
-                                "NUMA node {} has none of the {allowed_word}, so all of those",
-                                node.id
-                            ),
-                        )
-                    } else {
-                        (i, format!("NUMA node {} ∩ {allowed_word}", node.id))
-                    }
-                }
-                Some(node) => (
-                    allowed.to_vec(),
-                    format!("CPUs of NUMA node {} unknown: {allowed_word}", node.id),
-                ),
-                None => (
-                    allowed.to_vec(),
-                    format!("NUMA node unknown: {allowed_word}"),
-                ),
-            };
-            p.why_cpu = why;
-            bases.push(base);
-        }
-        match bind_to {
-            BindTo::None => {
-                for p in plans.iter_mut() {
-                    p.why_cpu = "bind-to none: CPU affinity left unchanged".to_string();
-                }
-                store_cpus(plans, vec![Vec::new(); bases.len()]);
-            }
-            BindTo::Numa => {
-                for p in plans.iter_mut() {
-                    p.why_cpu = format!("CPUs: {} (bind-to numa)", p.why_cpu);
-                }
-                store_cpus(plans, bases);
-            }
-            BindTo::Core => {
-                let mut out = vec![Vec::new(); bases.len()];
-                let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-                for (r, b) in bases.iter().enumerate() {
-                    groups.entry(b.clone()).or_default().push(r);
-                }
-                for (base, ranks) in groups {
-                    let cores = self.cores_within(&base);
-                    let k = ranks.len();
-                    for (j, &r) in ranks.iter().enumerate() {
-                        let (set, why) = if cores.is_empty() {
-                            (Vec::new(), "no CPU known".to_string())
-                        } else if cores.len() >= k {
-                            let (s, e) = (j * cores.len() / k, (j + 1) * cores.len() / k);
-                            (
-                                cores[s..e].concat(),
-                                format!(
-                                    "cores {}..{} of {} (split over {k} local rank(s))",
-                                    s,
-                                    e - 1,
-                                    cores.len()
-                                ),
-                            )
-                        } else {
-                            let c = j % cores.len();
-                            (
-                                cores[c].clone(),
-                                format!(
-                                    "core {c} of {}, shared: more local ranks ({k}) than cores",
-                                    cores.len()
-                                ),
-                            )
-                        };
-                        let mut set = set;
-                        set.sort_unstable();
-                        plans[r].why_cpu =
-                            format!("CPUs: {} of {} (bind-to core)", why, plans[r].why_cpu);
-                        out[r] = set;
-                    }
-                }
-                store_cpus(plans, out);
-            }
-        }
-    }
-
-    /// The cores (hyper-thread groups) inside `set`, in CPU order; CPUs no
-    /// known core covers count as a core each.
-    fn cores_within(&self, set: &[usize]) -> Vec<Vec<usize>> {
-        let mut covered: Vec<usize> = Vec::new();
-        let mut cores: Vec<Vec<usize>> = Vec::new();
-        for c in &self.cores {
-            let i = intersect(c, set);
-            if !i.is_empty() && !i.iter().any(|x| covered.contains(x)) {
-                covered.extend(&i);
-                cores.push(i);
-            }
-        }
-        covered.sort_unstable();
-        for &c in set {
-            if covered.binary_search(&c).is_err() {
-                cores.push(vec![c]);
-            }
-        }
-        cores.sort_by_key(|c| c.first().copied());
-        cores
-    }
-}
-
-fn store_cpus(plans: &mut [Plan], sets: Vec<Vec<usize>>) {
-    for (p, s) in plans.iter_mut().zip(sets) {
-        if !s.is_empty() {
-            p.why_cpu = format!("{} = {}", p.why_cpu, format_cpulist(&s));
-        }
-        p.cpus = s;
     }
 }
 

@@ -18,6 +18,7 @@
 //! Errors name the file and line and what was expected.
 
 mod binding;
+mod cpus;
 mod hwloc_xml;
 mod model;
 mod nccl_xml;
@@ -32,6 +33,7 @@ pub use binding::{
     apply_cpu_binding, process_allowed_cpus, BindOptions, BindTo, BindVars, Binding, GpuRef,
     NicMap, NicRef, MAX_LOCAL_SIZE,
 };
+pub use cpus::{MapObj, NodeMap};
 pub use model::{DeviceId, Gpu, Nic, NumaNode, PciKind, PciNode, Topology};
 pub use paths::PathClass;
 pub use util::{format_cpulist, parse_cpulist};
@@ -91,7 +93,7 @@ pub enum TopoError {
         crate::vars::NIC_MAP
     )]
     NicMap { input: String, msg: String },
-    #[error("bind-to {found:?}: expected none, numa or core")]
+    #[error("bind-to {found:?}: expected none, hwthread, core, numa, socket or package")]
     BindTo { found: String },
     #[error("{var}: {msg}")]
     Env { var: String, msg: String },
