@@ -1094,3 +1094,102 @@ fn nic_allow_keeps_bindings_on_the_rails() {
     let b = t.bindings(2, &o).unwrap();
     assert!(b.iter().all(|b| !b.nics.is_empty()));
 }
+
+// ---------------------------------------------------------------- --map-by / --bind-to modes
+
+/// The SL390 file: 2 sockets (NUMA 0: even CPUs, NUMA 1: odd CPUs), 6 cores of 2 threads
+/// each; its GPUs hidden (CUDA_VISIBLE_DEVICES=""), so ranks are CPU ranks.
+fn sl390_map(map: Option<&str>, bind: &str, n: usize) -> Result<Vec<Binding>, TopoError> {
+    let t = Topology::from_file(SL390).unwrap();
+    let mut o = BindOptions::from_values(Some(bind), None, Some(""), None).unwrap();
+    o.map = map.map(|m| railring::topology::NodeMap::parse(m).unwrap());
+    t.bindings(n, &o)
+}
+
+#[test]
+fn map_by_and_bind_to_like_open_mpi() {
+    let t = Topology::from_file(SL390).unwrap();
+    let socket = |s: usize| t.numa_nodes[s].cpus.clone();
+    let core_of = |c: usize| {
+        t.cores
+            .iter()
+            .find(|k| k.contains(&c))
+            .cloned()
+            .unwrap_or_else(|| vec![c])
+    };
+    let first_cores: Vec<Vec<usize>> = {
+        let mut v: Vec<Vec<usize>> = t.cores.clone();
+        v.sort_by_key(|c| c[0]);
+        v
+    };
+    assert_eq!(first_cores.len(), 12, "{first_cores:?}");
+
+    // --bind-to socket without a mapping: ranks round-robin over the NUMA nodes, bound to
+    // their whole socket.
+    let b = sl390_map(None, "socket", 4).unwrap();
+    for (r, bi) in b.iter().enumerate() {
+        assert_eq!(bi.cpus, socket(r % 2), "rank {r}: {}", bi.reason);
+        assert!(bi.reason.contains("bind-to socket"), "{}", bi.reason);
+    }
+    // --map-by core: rank i on core i (in CPU order), bound to that core's threads.
+    let b = sl390_map(Some("core"), "core", 3).unwrap();
+    for (r, bi) in b.iter().enumerate() {
+        assert_eq!(bi.cpus, first_cores[r], "rank {r}: {}", bi.reason);
+    }
+    // --map-by core --bind-to hwthread: the first thread of each rank's core.
+    let b = sl390_map(Some("core"), "hwthread", 3).unwrap();
+    for (r, bi) in b.iter().enumerate() {
+        assert_eq!(bi.cpus, [first_cores[r][0]], "rank {r}: {}", bi.reason);
+    }
+    // --map-by socket (round-robin) --bind-to core: socket 0's first core, socket 1's first,
+    // socket 0's second...
+    let b = sl390_map(Some("socket"), "core", 4).unwrap();
+    let s0: Vec<Vec<usize>> = first_cores
+        .iter()
+        .filter(|c| socket(0).contains(&c[0]))
+        .cloned()
+        .collect();
+    let s1: Vec<Vec<usize>> = first_cores
+        .iter()
+        .filter(|c| socket(1).contains(&c[0]))
+        .cloned()
+        .collect();
+    assert_eq!(
+        b.iter().map(|x| x.cpus.clone()).collect::<Vec<_>>(),
+        [s0[0].clone(), s1[0].clone(), s0[1].clone(), s1[1].clone()]
+    );
+    // ppr:2:socket (Open MPI binds to the socket): ranks 0,1 on socket 0, 2,3 on socket 1.
+    let b = sl390_map(Some("ppr:2:socket"), "socket", 4).unwrap();
+    let sets: Vec<Vec<usize>> = b.iter().map(|x| x.cpus.clone()).collect();
+    assert_eq!(sets, [socket(0), socket(0), socket(1), socket(1)]);
+    // ... socket:fill --bind-to core: consecutive ranks on one socket's successive cores.
+    let b = sl390_map(Some("socket:fill"), "core", 4).unwrap();
+    assert_eq!(
+        b.iter().map(|x| x.cpus.clone()).collect::<Vec<_>>(),
+        [s0[0].clone(), s0[1].clone(), s1[0].clone(), s1[1].clone()]
+    );
+    // More local ranks than ppr:N:socket allows on this node: an error naming the mapping.
+    let e = sl390_map(Some("ppr:2:socket"), "socket", 6)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("RAILRING_MAP_BY") && e.contains("ppr:2:socket") && e.contains("2 socket(s)"),
+        "{e}"
+    );
+    // --bind-to hwthread without a mapping: distinct threads, one per core before any
+    // second thread.
+    let b = sl390_map(None, "hwthread", 2).unwrap();
+    assert_eq!(b[0].cpus.len(), 1);
+    assert_ne!(core_of(b[0].cpus[0]), core_of(b[1].cpus[0]));
+    // A GPU's NUMA node still decides for ranks with a GPU (the mapping is for CPU ranks).
+    let t4 = Topology::from_file(P4D).unwrap();
+    let mut o = BindOptions::from_values(Some("socket"), None, None, None).unwrap();
+    o.map = Some(railring::topology::NodeMap::parse("core").unwrap());
+    let b = t4.bindings(8, &o).unwrap();
+    assert_eq!(b[0].numa, t4.gpus[0].numa);
+    // Bad RAILRING_MAP_BY values are errors naming the variable.
+    let e = railring::topology::NodeMap::parse("ppr:2:core")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("RAILRING_MAP_BY"), "{e}");
+}

@@ -202,16 +202,15 @@ impl Topology {
             let core = g[j % g.len()].clone();
             let share = j / g.len();
             let what = match obj {
-                MapObj::Core => "core".to_string(),
-                _ => format!("{} {o} of {k}", obj.name()),
+                MapObj::Core => format!("core {o} of {k}"),
+                _ => format!("{} {o} of {k}, its core {j}", obj.name()),
             };
             let why = format!(
-                "mapped by {map} ({} {}): {what}, CPU {}{}",
+                "{what} by {}={map} (CPUs {}){}",
                 vars::MAP_BY,
-                map,
                 format_cpulist(&core),
                 if share > 0 {
-                    format!(", shared: more ranks than cores there ({})", g.len())
+                    format!(", shared: more ranks than its {} core(s)", g.len())
                 } else {
                     String::new()
                 }
