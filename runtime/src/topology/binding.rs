@@ -34,11 +34,11 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt;
 
 use std::str::FromStr;
 
-use super::cpus::{Loc, NodeMap};
+pub use super::cpus::BindTo;
+use super::cpus::{CpuPlan, Loc, NodeMap};
 use super::model::{DeviceId, Topology};
 use super::paths::PathClass;
 use super::util::{format_cpulist, intersect};
@@ -49,61 +49,6 @@ use crate::vars;
 pub const MAX_LOCAL_SIZE: usize = 4096;
 /// Longest environment value accepted (`RAILRING_NIC_MAP`, `CUDA_VISIBLE_DEVICES`).
 const MAX_ENV_LEN: usize = 64 * 1024;
-
-/// `--bind-to` / `RAILRING_BIND_TO`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BindTo {
-    /// Leave CPU affinity alone.
-    None,
-    /// All allowed CPUs of the NUMA node (default).
-    #[default]
-    Numa,
-    /// A disjoint share of the NUMA node's cores; with a `--map-by` object mapping
-    /// (`RAILRING_MAP_BY`), the one core the rank is mapped to.
-    Core,
-    /// Every allowed CPU of the socket (package) the rank is on (Open MPI `--bind-to socket`).
-    Socket,
-    /// One hardware thread (Open MPI `--bind-to hwthread`): the ranks sharing a set take
-    /// distinct threads, one per core before a second thread of any core.
-    Hwthread,
-}
-
-impl FromStr for BindTo {
-    type Err = TopoError;
-    fn from_str(s: &str) -> Result<Self, TopoError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "none" => Ok(BindTo::None),
-            "numa" => Ok(BindTo::Numa),
-            "core" => Ok(BindTo::Core),
-            "socket" | "package" => Ok(BindTo::Socket),
-            "hwthread" => Ok(BindTo::Hwthread),
-            _ => Err(TopoError::BindTo {
-                found: s.chars().take(40).collect(),
-            }),
-        }
-    }
-}
-
-impl BindTo {
-    /// `none`, `numa`, `core`, `socket` or `hwthread`: the `--bind-to` / `RAILRING_BIND_TO`
-    /// spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BindTo::None => "none",
-            BindTo::Numa => "numa",
-            BindTo::Core => "core",
-            BindTo::Socket => "socket",
-            BindTo::Hwthread => "hwthread",
-        }
-    }
-}
-
-impl fmt::Display for BindTo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// An explicit local-rank → NIC list (`RAILRING_NIC_MAP`).
 ///
@@ -508,12 +453,25 @@ impl Topology {
         self.choose_nics(&mut plans, opts)?;
 
         // 3. CPUs.
+        let mut cpu_plans: Vec<CpuPlan> = plans
+            .iter_mut()
+            .map(|p| CpuPlan {
+                numa: p.numa,
+                loc: p.loc.take(),
+                cpus: Vec::new(),
+                why: String::new(),
+            })
+            .collect();
         self.choose_cpus(
-            &mut plans,
+            &mut cpu_plans,
             opts.bind_to,
             &allowed,
             opts.allowed_cpus.is_some(),
         );
+        for (p, c) in plans.iter_mut().zip(cpu_plans) {
+            p.cpus = c.cpus;
+            p.why_cpu = c.why;
+        }
 
         Ok(plans
             .into_iter()

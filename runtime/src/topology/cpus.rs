@@ -1,4 +1,4 @@
-//! The CPU part of a binding: where each local rank sits inside the node (its NUMA node, or
+//! The CPU part of a binding ([`BindTo`] and the choice itself): where each local rank sits inside the node (its NUMA node, or
 //! with `--map-by core|socket|numa|ppr:N:socket` the core it is mapped to, as Open MPI maps),
 //! and the CPU set `--bind-to` gives it (`none`, `hwthread`, `core`, `numa`, `socket`).
 //!
@@ -12,11 +12,77 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::binding::{BindTo, Plan};
+use serde::Serialize;
+use std::str::FromStr;
+
 use super::model::Topology;
 use super::util::{format_cpulist, intersect};
 use super::TopoError;
 use crate::vars;
+
+/// `--bind-to` / `RAILRING_BIND_TO`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BindTo {
+    /// Leave CPU affinity alone.
+    None,
+    /// All allowed CPUs of the NUMA node (default).
+    #[default]
+    Numa,
+    /// A disjoint share of the NUMA node's cores; with a `--map-by` object mapping
+    /// (`RAILRING_MAP_BY`), the one core the rank is mapped to.
+    Core,
+    /// Every allowed CPU of the socket (package) the rank is on (Open MPI `--bind-to socket`).
+    Socket,
+    /// One hardware thread (Open MPI `--bind-to hwthread`): the ranks sharing a set take
+    /// distinct threads, one per core before a second thread of any core.
+    Hwthread,
+}
+
+impl FromStr for BindTo {
+    type Err = TopoError;
+    fn from_str(s: &str) -> Result<Self, TopoError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "none" => Ok(BindTo::None),
+            "numa" => Ok(BindTo::Numa),
+            "core" => Ok(BindTo::Core),
+            "socket" | "package" => Ok(BindTo::Socket),
+            "hwthread" => Ok(BindTo::Hwthread),
+            _ => Err(TopoError::BindTo {
+                found: s.chars().take(40).collect(),
+            }),
+        }
+    }
+}
+
+impl BindTo {
+    /// `none`, `numa`, `core`, `socket` or `hwthread`: the `--bind-to` / `RAILRING_BIND_TO`
+    /// spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BindTo::None => "none",
+            BindTo::Numa => "numa",
+            BindTo::Core => "core",
+            BindTo::Socket => "socket",
+            BindTo::Hwthread => "hwthread",
+        }
+    }
+}
+
+impl fmt::Display for BindTo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One local rank's CPU choice while it is made: its NUMA node, the core a mapping put it
+/// on, and the result.
+pub(super) struct CpuPlan {
+    pub numa: Option<usize>,
+    pub loc: Option<Loc>,
+    pub cpus: Vec<usize>,
+    pub why: String,
+}
 
 /// A kind of object inside a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,7 +290,7 @@ impl Topology {
     /// `bind_to`, within `allowed`.
     pub(super) fn choose_cpus(
         &self,
-        plans: &mut [Plan],
+        plans: &mut [CpuPlan],
         bind_to: BindTo,
         allowed: &[usize],
         restricted: bool,
@@ -269,7 +335,7 @@ impl Topology {
                     format!("NUMA node unknown: {allowed_word}"),
                 ),
             };
-            p.why_cpu = why;
+            p.why = why;
             bases.push(base);
         }
         let mode = bind_to.as_str();
@@ -287,25 +353,22 @@ impl Topology {
                 BindTo::Hwthread => vec![loc.core[loc.share % loc.core.len()]],
                 BindTo::Numa | BindTo::Socket => bases[r].clone(),
             };
-            p.why_cpu = match bind_to {
+            p.why = match bind_to {
                 BindTo::None => "bind-to none: CPU affinity left unchanged".to_string(),
                 BindTo::Core | BindTo::Hwthread => format!("CPUs: {} (bind-to {mode})", loc.why),
-                _ => format!(
-                    "CPUs: {} of the rank {} (bind-to {mode})",
-                    p.why_cpu, loc.why
-                ),
+                _ => format!("CPUs: {} of the rank {} (bind-to {mode})", p.why, loc.why),
             };
             out[r] = set;
         }
         match bind_to {
             BindTo::None => {
                 for &r in &unmapped {
-                    plans[r].why_cpu = "bind-to none: CPU affinity left unchanged".to_string();
+                    plans[r].why = "bind-to none: CPU affinity left unchanged".to_string();
                 }
             }
             BindTo::Numa | BindTo::Socket => {
                 for &r in &unmapped {
-                    plans[r].why_cpu = format!("CPUs: {} (bind-to {mode})", plans[r].why_cpu);
+                    plans[r].why = format!("CPUs: {} (bind-to {mode})", plans[r].why);
                     out[r] = bases[r].clone();
                 }
             }
@@ -366,8 +429,8 @@ impl Topology {
                         };
                         let mut set = set;
                         set.sort_unstable();
-                        plans[r].why_cpu =
-                            format!("CPUs: {} of {} (bind-to {mode})", why, plans[r].why_cpu);
+                        plans[r].why =
+                            format!("CPUs: {} of {} (bind-to {mode})", why, plans[r].why);
                         out[r] = set;
                     }
                 }
@@ -375,7 +438,7 @@ impl Topology {
         }
         for (p, s) in plans.iter_mut().zip(out) {
             if !s.is_empty() {
-                p.why_cpu = format!("{} = {}", p.why_cpu, format_cpulist(&s));
+                p.why = format!("{} = {}", p.why, format_cpulist(&s));
             }
             p.cpus = s;
         }
