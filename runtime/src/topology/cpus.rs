@@ -1,6 +1,7 @@
-//! The CPU part of a binding ([`BindTo`] and the choice itself): where each local rank sits inside the node (its NUMA node, or
-//! with `--map-by core|socket|numa|ppr:N:socket` the core it is mapped to, as Open MPI maps),
-//! and the CPU set `--bind-to` gives it (`none`, `hwthread`, `core`, `numa`, `socket`).
+//! The CPU part of a binding ([`BindTo`] and the choice itself): where each local rank sits
+//! inside the node (its NUMA node, or with `--map-by core|socket|numa|ppr:N:socket` the core it
+//! is mapped to, as Open MPI maps), and the CPU set `--bind-to` gives it (`none`, `hwthread`,
+//! `core`, `numa`, `socket`).
 //!
 //! `RAILRING_MAP_BY` ([`NodeMap`], set by railrun from `--map-by` / `--rank-by`) places ranks
 //! without a visible GPU on cores: `core` one rank per core in CPU order; `socket` / `numa`
