@@ -424,3 +424,117 @@ fn log_lines_are_plain_off_a_terminal() {
         );
     }
 }
+
+// ------------------------------------------------------------------------------ tools
+
+fn railperf_bin() -> &'static Path {
+    static B: OnceLock<PathBuf> = OnceLock::new();
+    B.get_or_init(|| railring_tests::bins::workspace_bin("railring-examples", "railperf"))
+}
+
+/// `railperf` and `railrun topo` refuse options they do not know, exit 2, naming the option
+/// (before, `railperf --iters-typo 3` ran the default benchmark).
+#[test]
+fn unknown_options_of_the_tools_exit_2() {
+    for args in [
+        &["allreduce", "--iters-typo", "3"][..],
+        &["--frob"],
+        &["-q"],
+    ] {
+        let o = run_limited(
+            {
+                let mut c = Command::new(railperf_bin());
+                c.args(args).stdin(Stdio::null());
+                c
+            },
+            Duration::from_secs(30),
+        );
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        let bad = args
+            .iter()
+            .find(|a| a.starts_with('-') && **a != "allreduce")
+            .unwrap();
+        assert!(e.contains(bad), "{args:?}: {e}");
+    }
+    for args in [
+        &["topo", "--frob"][..],
+        &["topo", "--json=1"],
+        &["topo", "stray"],
+    ] {
+        let mut c = railrun();
+        c.args(args);
+        let o = run_limited(c, Duration::from_secs(30));
+        let e = text(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(
+            e.contains(args[1].split('=').next().unwrap()),
+            "{args:?}: {e}"
+        );
+    }
+}
+
+/// `railperf --csv F` writes one row per measurement (out of place and in place for every
+/// size), in both modes; the non-blocking default says what it does, and its results are
+/// checked element by element like the blocking ones (#wrong 0).
+#[test]
+fn railperf_csv_and_both_call_modes() {
+    let dir = ScratchDir::new("rr-habits-csv");
+    for (z, calls) in [("0", "non-blocking"), ("1", "blocking")] {
+        let csv = dir.path().join(format!("z{z}.csv"));
+        let mut c = railrun();
+        c.args(["-np", "2"])
+            .arg(railperf_bin())
+            .args([
+                "allreduce",
+                "-b",
+                "8",
+                "-e",
+                "4K",
+                "-f",
+                "8",
+                "-n",
+                "5",
+                "-w",
+                "1",
+                "-z",
+                z,
+            ])
+            .arg("--csv")
+            .arg(&csv);
+        let o = run_limited(c, Duration::from_secs(120));
+        let out = text(&o.stdout);
+        assert!(o.status.success(), "{}\n{out}", text(&o.stderr));
+        let label = if z == "0" {
+            "(non-blocking calls: every iteration started with *_start"
+        } else {
+            "(blocking calls)"
+        };
+        assert!(out.contains(label), "{out}");
+        let t = std::fs::read_to_string(&csv).unwrap();
+        let rows: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            rows[0],
+            "collective,library,nranks,size,count,type,redop,root,placement,time_us,algbw,busbw,wrong,calls"
+        );
+        // sizes 8, 64, 512, 4096: two measurements each
+        assert_eq!(rows.len(), 1 + 4 * 2, "{t}");
+        for (i, r) in rows[1..].iter().enumerate() {
+            let f: Vec<&str> = r.split(',').collect();
+            assert_eq!(f.len(), 14, "{r}");
+            assert_eq!(&f[..3], ["allreduce", "railring", "2"], "{r}");
+            assert_eq!(f[3], [8, 64, 512, 4096][i / 2].to_string(), "{r}");
+            assert_eq!(
+                f[8],
+                if i % 2 == 0 {
+                    "out-of-place"
+                } else {
+                    "in-place"
+                }
+            );
+            assert!(f[9].parse::<f64>().unwrap() > 0.0, "{r}");
+            assert_eq!(f[12], "0", "wrong elements: {r}");
+            assert_eq!(f[13], calls, "{r}");
+        }
+    }
+}

@@ -80,11 +80,8 @@ fn run(mut a: Args) -> Result<i32, String> {
     if o.json.is_some() {
         return Err("benchmark arguments: leave -J out (railcompare adds its own); use railcompare --json FILE".into());
     }
-    if !o.rest.is_empty() {
-        return Err(format!(
-            "benchmark arguments: unknown option(s) {}",
-            o.rest.join(" ")
-        ));
+    if o.csv.is_some() {
+        return Err("benchmark arguments: leave --csv out (railcompare runs several rounds); use railcompare --json FILE".into());
     }
     let tools = find_tools()?;
     let title = format!("{} over {} ranks", o.coll.name(), a.np);

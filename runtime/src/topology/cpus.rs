@@ -224,7 +224,9 @@ impl Topology {
             NodeMap::RoundRobin(o) | NodeMap::Fill(o) | NodeMap::PerObject(_, o) => o,
         };
         // Cores grouped by object, objects in order of their first core.
-        let mut groups: Vec<((u8, bool, usize), Vec<Vec<usize>>)> = Vec::new();
+        /// An object's key (kind, known, id) and its cores.
+        type Group = ((u8, bool, usize), Vec<Vec<usize>>);
+        let mut groups: Vec<Group> = Vec::new();
         for (i, c) in cores.iter().enumerate() {
             let numa = self.numa_of_cpu(c[0]);
             let key = match (obj, numa) {
