@@ -151,6 +151,17 @@ pub fn log_color() -> Result<bool> {
     }
 }
 
+/// The server address of `SSH_CONNECTION` (`client-ip client-port server-ip server-port`, set
+/// by OpenSSH for the processes it starts): this node's management interface, which the
+/// automatic rail choice leaves out (`transport::rails`).
+pub fn ssh_server_addr() -> Option<std::net::Ipv4Addr> {
+    let v = std::env::var(vars::SSH_CONNECTION).ok()?;
+    if v.len() > 256 {
+        return None;
+    }
+    v.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// `RAILRING_TOPO_FILE` (non-empty), for [`Config::topo_file`] and `railrun topo`.
 pub fn topo_file_from_env() -> Option<PathBuf> {
     std::env::var_os(vars::TOPO_FILE)
