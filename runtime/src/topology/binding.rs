@@ -257,8 +257,8 @@ pub struct NicRef {
     /// Index in [`Topology::nics`] (`NIC<index>` in the matrix legend).
     pub index: usize,
     pub name: String,
-    /// The interface name for the TCP transport (first interface of the
-    /// NIC, else its name).
+    /// The interface name for the TCP transport: the NIC's first interface; empty when none
+    /// is known (an RDMA device from a topology file: its name is not an interface name).
     pub netdev: String,
     /// Path class from the rank's GPU (from its NUMA node without GPU).
     pub path_class: PathClass,
@@ -278,6 +278,26 @@ pub struct Binding {
     pub cpus: Vec<usize>,
     pub numa: Option<usize>,
     pub reason: String,
+}
+
+/// The bandwidth the NIC choice uses for one NIC ([`Topology::nic_speeds`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NicSpeed {
+    /// Mbit/s; 0 when nothing is known about any NIC.
+    pub mbps: u64,
+    /// How `mbps` was assumed, when the port speed is unknown (`from its PCIe link`, ...).
+    pub assumed: Option<String>,
+}
+
+/// Path classes that are comparable for the NIC choice: 0 behind the GPU's PCIe switches
+/// (`X`, `NV#`, `PIX`, `PXB`), 1 through the CPU inside the NUMA node (`PHB`, `NODE`),
+/// 2 across sockets (`SYS`).
+fn path_level(c: PathClass) -> u8 {
+    match c {
+        PathClass::Same | PathClass::Nv(_) | PathClass::Pix | PathClass::Pxb => 0,
+        PathClass::Phb | PathClass::Node => 1,
+        PathClass::Sys => 2,
+    }
 }
 
 /// One local rank's binding while it is chosen.
@@ -486,7 +506,7 @@ impl Topology {
                         NicRef {
                             index: n,
                             name: nic.name.clone(),
-                            netdev: nic.netdev().to_string(),
+                            netdev: nic.netdev().unwrap_or_default().to_string(),
                             path_class: self.class_from(p.src, n),
                             speed_mbps: (bw > 0).then_some(bw),
                         }
@@ -506,6 +526,55 @@ impl Topology {
                 }
             })
             .collect())
+    }
+
+    /// The bandwidth the NIC choice uses for every NIC ([`Topology::nics`] order), and what
+    /// was assumed where the port speed is unknown: the PCIe link's bandwidth when that is
+    /// known; else, for an RDMA NIC, the fastest known NIC or 100 Gb/s, whichever is more;
+    /// else as fast as the fastest known NIC (all equal when none is known).
+    pub fn nic_speeds(&self) -> Vec<NicSpeed> {
+        let fastest = self
+            .nics
+            .iter()
+            .map(|n| n.bandwidth_mbps(self))
+            .max()
+            .unwrap_or(0);
+        self.nics
+            .iter()
+            .map(|n| {
+                let bw = n.bandwidth_mbps(self);
+                if n.speed_mbps.is_some() {
+                    NicSpeed {
+                        mbps: bw,
+                        assumed: None,
+                    }
+                } else if bw > 0 {
+                    NicSpeed {
+                        mbps: bw,
+                        assumed: Some("from its PCIe link".into()),
+                    }
+                } else if n.rdma.is_some() {
+                    let b = fastest.max(100_000);
+                    NicSpeed {
+                        mbps: b,
+                        assumed: Some(
+                            "an RDMA NIC: the fastest known NIC's or 100 Gb/s, whichever is more"
+                                .into(),
+                        ),
+                    }
+                } else if fastest > 0 {
+                    NicSpeed {
+                        mbps: fastest,
+                        assumed: Some("as fast as the fastest known NIC".into()),
+                    }
+                } else {
+                    NicSpeed {
+                        mbps: 0,
+                        assumed: Some("no NIC's speed is known: bandwidth does not decide".into()),
+                    }
+                }
+            })
+            .collect()
     }
 
     fn class_from(&self, src: Option<DeviceId>, nic: usize) -> PathClass {
@@ -592,23 +661,33 @@ impl Topology {
             return Ok(());
         }
 
-        // Rank the candidates and find each rank's nearest tier.
+        // Rank the candidates and find each rank's nearest tier (see the module docs): NICs
+        // 4x or more slower than the fastest go last; then comparable paths (behind the GPU's
+        // switches / through the CPU / across sockets); then bandwidth; then RDMA; then the
+        // exact path class.
+        let speeds = self.nic_speeds();
+        let best = pool.iter().map(|&n| speeds[n].mbps).max().unwrap_or(0);
+        let slow = |n: usize| best > 0 && speeds[n].mbps.saturating_mul(4) <= best;
+        let rdma = |n: usize| self.nics[n].rdma.is_some();
+        let key = |n: usize, c: PathClass| {
+            (
+                slow(n),
+                path_level(c),
+                std::cmp::Reverse(speeds[n].mbps),
+                !rdma(n),
+                c,
+            )
+        };
         for p in plans.iter_mut().filter(|p| !p.mapped) {
             let mut ranked: Vec<(usize, PathClass, u64)> = pool
                 .iter()
-                .map(|&n| {
-                    (
-                        n,
-                        self.class_from(p.src, n),
-                        self.nics[n].bandwidth_mbps(self),
-                    )
-                })
+                .map(|&n| (n, self.class_from(p.src, n), speeds[n].mbps))
                 .collect();
-            ranked.sort_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
-            let (c0, b0) = (ranked[0].1, ranked[0].2);
+            ranked.sort_by(|a, b| key(a.0, a.1).cmp(&key(b.0, b.1)).then(a.0.cmp(&b.0)));
+            let k0 = key(ranked[0].0, ranked[0].1);
             p.tier = ranked
                 .iter()
-                .filter(|x| x.1 == c0 && x.2 == b0)
+                .filter(|x| key(x.0, x.1) == k0)
                 .map(|x| x.0)
                 .collect();
             p.ranked = ranked;
@@ -624,19 +703,18 @@ impl Topology {
                 .min_by_key(|&n| (load[n], n))
                 .unwrap_or(p.ranked[0].0);
             let name = |n: usize| self.nics[n].name.clone();
-            let (c0, b0) = (p.ranked[0].1, p.ranked[0].2);
-            let same_class: Vec<&(usize, PathClass, u64)> =
-                p.ranked.iter().filter(|x| x.1 == c0).collect();
+            let c0 = p.ranked[0].1;
             let mut why = if only_virtual {
                 "no PCI NIC: virtual NICs count as host-attached (PHB); ".to_string()
             } else {
                 String::new()
             };
-            let bw = |b: u64| {
-                if b > 0 {
-                    format!("{b} Mb/s")
-                } else {
-                    "unknown bandwidth".to_string()
+            let bw = |n: usize| {
+                let s = &speeds[n];
+                match (s.mbps, &s.assumed) {
+                    (0, _) => "unknown bandwidth".to_string(),
+                    (b, None) => format!("{b} Mb/s"),
+                    (b, Some(_)) => format!("{b} Mb/s assumed"),
                 }
             };
             let from = match p.src {
@@ -644,45 +722,76 @@ impl Topology {
                 Some(DeviceId::Numa(n)) => format!("NUMA node {n}"),
                 _ => "the host".to_string(),
             };
+            let runner = p.ranked.iter().find(|x| !p.tier.contains(&x.0)).copied();
             if pool.len() == 1 {
                 why.push_str(&format!(
                     "NIC {} ({c0} from {from}): the only NIC",
                     name(pick)
                 ));
-            } else if p.tier.len() == 1 {
-                if same_class.len() == 1 {
-                    let next = p
+            } else if let (1, Some((rn, rc, _))) = (p.tier.len(), runner) {
+                let head = format!("NIC {} ({c0} from {from}, {})", name(pick), bw(pick));
+                let (kp, kr) = (key(pick, c0), key(rn, rc));
+                let text = if kp.0 != kr.0 {
+                    format!(
+                        "{head}: bandwidth decided: {} ({rc}, {}) is 4x or more slower than the fastest NIC, so it comes last",
+                        name(rn),
+                        bw(rn)
+                    )
+                } else if kp.1 != kr.1 {
+                    format!(
+                        "{head}: the only NIC at the best path class; next best is {} at {rc}",
+                        name(rn)
+                    )
+                } else if kp.2 != kr.2 {
+                    let others: Vec<String> = p
                         .ranked
-                        .get(1)
-                        .map(|x| format!("; next best is {} at {}", name(x.0), x.1))
-                        .unwrap_or_default();
-                    why.push_str(&format!(
-                        "NIC {} ({c0} from {from}): the only NIC at the best path class{next}",
-                        name(pick)
-                    ));
-                } else {
-                    let others: Vec<String> = same_class
                         .iter()
-                        .skip(1)
-                        .map(|x| format!("{} {}", name(x.0), bw(x.2)))
+                        .filter(|x| x.0 != pick && !slow(x.0) && path_level(x.1) == path_level(c0))
+                        .map(|x| format!("{} {}", name(x.0), bw(x.0)))
                         .collect();
-                    why.push_str(&format!(
-                        "NIC {} ({c0} from {from}): {} NICs at {c0}, bandwidth decided: {} over {}",
-                        name(pick),
-                        same_class.len(),
-                        bw(b0),
+                    format!(
+                        "{head}: {} NICs at comparable paths, bandwidth decided: {} over {}",
+                        others.len() + 1,
+                        bw(pick),
                         others.join(", ")
-                    ));
-                }
+                    )
+                } else if kp.3 != kr.3 {
+                    format!(
+                        "{head}: RDMA-capable; {} ({rc}) at the same bandwidth is not",
+                        name(rn)
+                    )
+                } else {
+                    format!(
+                        "{head}: the nearest of NICs alike; next best is {} at {rc}",
+                        name(rn)
+                    )
+                };
+                why.push_str(&text);
             } else {
                 let tier_names: Vec<String> = p.tier.iter().map(|&n| name(n)).collect();
                 why.push_str(&format!(
                     "NIC {} ({c0} from {from}): {} NICs tie at {c0} and {} ({}); took the one serving the fewest local ranks, lowest index first (rail alignment)",
                     name(pick),
                     p.tier.len(),
-                    bw(b0),
+                    bw(pick),
                     tier_names.join(", ")
                 ));
+            }
+            // What was assumed about the speeds that decided.
+            let mut assumed: Vec<String> = Vec::new();
+            for n in std::iter::once(pick).chain(runner.map(|x| x.0)) {
+                if let Some(a) = &speeds[n].assumed {
+                    assumed.push(format!("{} {} Mb/s {a}", name(n), speeds[n].mbps));
+                }
+            }
+            if !assumed.is_empty() {
+                why.push_str(&format!(
+                    " [port speeds unknown, assumed: {}]",
+                    assumed.join(", ")
+                ));
+            }
+            if self.nics[pick].netdevs.is_empty() {
+                why.push_str(" (no network interface known for it: TCP cannot use it by name)");
             }
             if load[pick] > 0 {
                 let with: Vec<String> = users[pick].iter().map(|u| u.to_string()).collect();

@@ -146,7 +146,7 @@ impl MgmtHints {
         if self.ssh_server == Some(r.ip) {
             why.push("it holds the address of the ssh connection that started this process (SSH_CONNECTION)");
         }
-        if self.default_route.iter().any(|i| *i == r.ifname) {
+        if self.default_route.contains(&r.ifname) {
             why.push("it carries the default route");
         }
         if self.hostname_addrs.contains(&r.ip) {
@@ -306,7 +306,9 @@ pub fn choose_rails(
         let why = "rails: no interface but loopback: rail lo 127.0.0.1/8".to_string();
         return Ok((vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)], why));
     }
-    let (mut mgmt, mut rails): (Vec<(Rail, String)>, Vec<(Rail, String)>) = candidates
+    /// An interface and why it is management (empty: it is not).
+    type Judged = Vec<(Rail, String)>;
+    let (mut mgmt, mut rails): (Judged, Judged) = candidates
         .into_iter()
         .map(|r| {
             let w = hints.why(&r).unwrap_or_default();
