@@ -779,7 +779,18 @@ impl Topology {
             }
             // What was assumed about the speeds that decided.
             let mut assumed: Vec<String> = Vec::new();
-            for n in std::iter::once(pick).chain(runner.map(|x| x.0)) {
+            let compared = if pool.len() > 1 {
+                runner.map(|x| x.0)
+            } else {
+                None
+            };
+            for n in std::iter::once(pick)
+                .chain(compared)
+                .filter(|_| pool.len() > 1)
+            {
+                if speeds[n].mbps == 0 {
+                    continue;
+                }
                 if let Some(a) = &speeds[n].assumed {
                     assumed.push(format!("{} {} Mb/s {a}", name(n), speeds[n].mbps));
                 }
