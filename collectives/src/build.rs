@@ -66,14 +66,17 @@ pub fn build_plan(
         CollKind::Broadcast => match algo {
             Algo::Tree => tree::broadcast(layout, rank, count, root),
             Algo::Ring => ring::broadcast(layout, rank, count, root),
+            Algo::TwoLevel => two_level::broadcast(layout, rank, count, root),
             _ => unsupported,
         },
         CollKind::Reduce => match algo {
             Algo::Tree => tree::reduce(layout, rank, count, root),
+            Algo::TwoLevel => two_level::reduce(layout, rank, count, root),
             _ => unsupported,
         },
         CollKind::AllToAll => match algo {
             Algo::Pairwise => pairwise::all_to_all(layout, rank, count),
+            Algo::TwoLevel => two_level::all_to_all(layout, rank, count),
             _ => unsupported,
         },
         CollKind::SendRecv => Err(PlanError::NotAPlan { kind }),
@@ -103,9 +106,9 @@ pub fn algorithms_for(kind: CollKind) -> &'static [Algo] {
             Algo::Tree,
         ],
         CollKind::ReduceScatter | CollKind::AllGather => &[Algo::TwoLevel, Algo::Ring],
-        CollKind::Broadcast => &[Algo::Tree, Algo::Ring],
-        CollKind::Reduce => &[Algo::Tree],
-        CollKind::AllToAll => &[Algo::Pairwise],
+        CollKind::Broadcast => &[Algo::Tree, Algo::Ring, Algo::TwoLevel],
+        CollKind::Reduce => &[Algo::Tree, Algo::TwoLevel],
+        CollKind::AllToAll => &[Algo::Pairwise, Algo::TwoLevel],
         CollKind::SendRecv => &[],
     }
 }
@@ -156,19 +159,9 @@ mod tests {
         for l in [Layout::block(8, 4), Layout::single_node(8)] {
             for kind in CollKind::ALL {
                 for &algo in algorithms_for(kind) {
-                    // two_level reduce-scatter / all-gather exist on one node only
-                    let node_only = algo == Algo::TwoLevel
-                        && matches!(kind, CollKind::ReduceScatter | CollKind::AllGather);
                     for r in 0..8 {
                         let b = build_plan(kind, algo, &l, r, 100, 3);
-                        if node_only && l.nodes.len() > 1 {
-                            assert!(
-                                matches!(b, Err(PlanError::Unsupported { .. })),
-                                "{kind} {algo}"
-                            );
-                        } else {
-                            assert!(b.is_ok(), "{kind} {algo} {l:?}");
-                        }
+                        assert!(b.is_ok(), "{kind} {algo} {l:?}");
                     }
                 }
             }

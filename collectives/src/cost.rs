@@ -8,8 +8,10 @@
 //!   received bytes when `reduce` is set.
 //! - `NodeReduceScatter` costs `ceil(log2 L)` × `local.alpha` (the members' synchronisation)
 //!   plus reading (and reducing) the L-1 other members' copies of the largest slice;
-//!   `NodeAllGather` the same synchronisation plus reading the other members' slices; `Copy`
-//!   its bytes at `local.beta`.
+//!   `NodeAllGather` the same synchronisation plus reading the other members' slices;
+//!   `NodeBroadcast` the synchronisation plus one pass over the region (the root copies a chunk in
+//!   while the others copy the previous one out); `NodeAllToAll` the synchronisation plus every block for a peer copied in and out;
+//!   `Copy` its bytes at `local.beta`.
 //! - Network sharing: algorithms in which every rank of a node talks to the network at once
 //!   (two_level's L rings, recursive_doubling's cross-node rounds, pairwise) share the node's
 //!   `rails` NICs: their network β is divided by `ceil(L / rails)`. A flat ring or a tree has
@@ -234,17 +236,17 @@ impl CostModel {
                                 moved = true;
                             }
                         }
-                        Step::NodeReduceScatter { group, .. }
-                        | Step::NodeAllGather { group, .. } => {
+                        Step::NodeReduceScatter { .. }
+                        | Step::NodeAllGather { .. }
+                        | Step::NodeBroadcast { .. }
+                        | Step::NodeAllToAll { .. } => {
+                            let group = step.node_group().unwrap_or(&[]);
                             let ready = group.iter().all(|&m| {
                                 m < n
-                                    && plans[m].steps.get(pc[m]).is_some_and(|s| {
-                                        matches!(
-                                            s,
-                                            Step::NodeReduceScatter { .. }
-                                                | Step::NodeAllGather { .. }
-                                        )
-                                    })
+                                    && plans[m]
+                                        .steps
+                                        .get(pc[m])
+                                        .is_some_and(|s| s.node_group().is_some())
                             });
                             if ready {
                                 let start = group.iter().map(|&m| t[m]).fold(0.0, f64::max);
@@ -456,6 +458,33 @@ impl RankView<'_> {
                     0.0
                 }
             }
+            Step::NodeBroadcast { group, region, .. } => {
+                // the root copies chunk c+1 in while the others copy chunk c out: one pass
+                let b = region.len as f64 * self.ds;
+                if b > 0.0 && group.len() > 1 {
+                    node_sync(m, group.len()) + b / m.local.beta
+                } else {
+                    0.0
+                }
+            }
+            Step::NodeAllToAll { group, blocks } => {
+                // every block for a peer copied into the slot once, and out once by the peer
+                let mine = group.iter().position(|&g| g == self.rank);
+                let b: f64 = blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| Some(*i) != mine)
+                    .map(|(_, s)| s.len as f64 * self.ds)
+                    .sum();
+                let own = mine
+                    .and_then(|i| blocks.get(i))
+                    .map_or(0.0, |s| s.len as f64);
+                if b > 0.0 {
+                    node_sync(m, group.len()) + (2.0 * b + own * self.ds) / m.local.beta
+                } else {
+                    own * self.ds / m.local.beta
+                }
+            }
             Step::Copy { src, .. } => src.len as f64 * self.ds / m.local.beta,
         }
     }
@@ -583,23 +612,43 @@ mod tests {
     fn broadcast_choice() {
         let m = CostModel::default_cpu();
         let l = Layout::block(16, 4);
+        // small: a few hops (tree, or the in-node fabric plus one chain per node), never the
+        // flat chain of 15 hops
         let (algo, why) = m.choose(CollKind::Broadcast, &l, 1, 4, 3);
-        assert_eq!(algo, Algo::Tree, "{why}");
+        assert!(matches!(algo, Algo::Tree | Algo::TwoLevel), "{why}");
+        // large: pipelined (every link busy at once), never the tree's whole-message hops
         let (algo, why) = m.choose(CollKind::Broadcast, &l, 16 << 20, 4, 3);
-        assert_eq!(algo, Algo::Ring, "{why}");
+        assert!(matches!(algo, Algo::Ring | Algo::TwoLevel), "{why}");
+        // one node: the fabric
+        let (algo, why) = m.choose(CollKind::Broadcast, &Layout::single_node(4), 1 << 20, 4, 1);
+        assert_eq!(algo, Algo::TwoLevel, "{why}");
     }
 
     #[test]
     fn other_kinds() {
         let m = CostModel::default_cpu();
         let l = Layout::block(8, 4);
-        assert_eq!(m.choose(CollKind::AllToAll, &l, 10, 4, 0).0, Algo::Pairwise);
-        assert_eq!(m.choose(CollKind::AllGather, &l, 10, 4, 0).0, Algo::Ring);
-        assert_eq!(
-            m.choose(CollKind::ReduceScatter, &l, 10, 4, 0).0,
-            Algo::Ring
-        );
-        assert_eq!(m.choose(CollKind::Reduce, &l, 10, 4, 7).0, Algo::Tree);
+        // all-to-all: on one node the fabric's one round beats n-1 point-to-point rounds
+        let one = Layout::single_node(4);
+        let (a, why) = m.choose(CollKind::AllToAll, &one, 10, 4, 0);
+        assert_eq!(a, Algo::TwoLevel, "{why}");
+        // Two nodes of four: the two-level plans cross the network once per rail instead of
+        // the flat ring's seven network-bound steps, at every size.
+        for count in [10, 1 << 20] {
+            for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+                let (a, why) = m.choose(kind, &l, count, 4, 0);
+                assert_eq!(a, Algo::TwoLevel, "{kind} x{count}: {why}");
+            }
+        }
+        // Non-uniform layouts have no two-level plan: the ring it is.
+        let odd = Layout {
+            nodes: vec![vec![0, 1, 2], vec![3]],
+        };
+        assert_eq!(m.choose(CollKind::AllGather, &odd, 10, 4, 0).0, Algo::Ring);
+        let (a, why) = m.choose(CollKind::Reduce, &l, 10, 4, 7);
+        assert!(matches!(a, Algo::Tree | Algo::TwoLevel), "{why}");
+        let (a, why) = m.choose(CollKind::Reduce, &l, 1 << 22, 4, 7);
+        assert_eq!(a, Algo::TwoLevel, "{why}");
         let (a, why) = m.choose(CollKind::SendRecv, &l, 10, 4, 0);
         assert_eq!(a, Algo::Ring);
         assert!(why.contains("point-to-point"));

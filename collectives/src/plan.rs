@@ -138,8 +138,60 @@ pub enum Step {
         group: Vec<usize>,
         slices: Vec<Region>,
     },
+    /// In-node broadcast among `group`: afterwards every member's `region` holds member
+    /// `group[root]`'s `region` (`root` is an index into `group`).
+    NodeBroadcast {
+        group: Vec<usize>,
+        root: usize,
+        region: Region,
+    },
+    /// In-node all-to-all among `group`: afterwards member `group[i]`'s `Work` region
+    /// `blocks[j]` holds member `group[j]`'s `Input` region at the offsets of `blocks[i]`
+    /// (`blocks` name `Work` regions; the `Input` blocks sit at the same offsets).
+    NodeAllToAll {
+        group: Vec<usize>,
+        blocks: Vec<Region>,
+    },
     /// Local copy inside this rank (e.g. all-to-all's own block).
     Copy { src: Region, dst: Region },
+}
+
+impl Step {
+    /// The node group of an in-node step (`None` for exchanges and copies).
+    pub fn node_group(&self) -> Option<&[usize]> {
+        match self {
+            Step::NodeReduceScatter { group, .. }
+            | Step::NodeAllGather { group, .. }
+            | Step::NodeBroadcast { group, .. }
+            | Step::NodeAllToAll { group, .. } => Some(group),
+            Step::Exchange { .. } | Step::Copy { .. } => None,
+        }
+    }
+
+    /// The `Work` regions an in-node step touches, one per member (a broadcast's one region for
+    /// every member).
+    pub fn node_regions(&self) -> Vec<Region> {
+        match self {
+            Step::NodeReduceScatter { slices, .. } | Step::NodeAllGather { slices, .. } => {
+                slices.clone()
+            }
+            Step::NodeBroadcast { group, region, .. } => vec![*region; group.len()],
+            Step::NodeAllToAll { blocks, .. } => blocks.clone(),
+            Step::Exchange { .. } | Step::Copy { .. } => Vec::new(),
+        }
+    }
+
+    /// A short name of the step's kind, for messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Step::Exchange { .. } => "exchange",
+            Step::NodeReduceScatter { .. } => "node reduce-scatter",
+            Step::NodeAllGather { .. } => "node all-gather",
+            Step::NodeBroadcast { .. } => "node broadcast",
+            Step::NodeAllToAll { .. } => "node all-to-all",
+            Step::Copy { .. } => "copy",
+        }
+    }
 }
 
 /// Algorithms. One file each in this crate.
@@ -346,6 +398,19 @@ impl fmt::Display for Plan {
                     f,
                     "  {i:3}: node all-gather over {group:?}, slices {}",
                     fmt_regions(slices)
+                )?,
+                Step::NodeBroadcast {
+                    group,
+                    root,
+                    region,
+                } => writeln!(
+                    f,
+                    "  {i:3}: node broadcast over {group:?} from member {root}, region {region}"
+                )?,
+                Step::NodeAllToAll { group, blocks } => writeln!(
+                    f,
+                    "  {i:3}: node all-to-all over {group:?}, blocks {}",
+                    fmt_regions(blocks)
                 )?,
                 Step::Copy { src, dst } => writeln!(f, "  {i:3}: copy {src} -> {dst}")?,
             }

@@ -152,29 +152,58 @@ pub fn broadcast_chunked(
     let ctx = Ctx::new(layout, rank)?;
     ctx.check_root(root)?;
     let n = ctx.n;
-    let s = chunks.max(1);
-    let chain = |q: usize| ctx.order[(ctx.pos[root] + q) % n];
-    let q = (ctx.me() + n - ctx.pos[root]) % n;
+    let at = |q: usize| ctx.order[(ctx.pos[root] + q) % n];
+    let chain = Chain {
+        at: &at,
+        n,
+        me: (ctx.me() + n - ctx.pos[root]) % n,
+    };
     let mut steps = Vec::new();
-    if n > 1 {
-        let chunk_at = |j: isize| -> Option<Region> {
-            (j >= 0 && (j as usize) < s).then(|| work(split(count, s, j as usize)))
-        };
-        for t in 0..(s + n - 2) as isize {
-            let send = if q + 1 < n {
-                chunk_at(t - q as isize).map(|r| (chain(q + 1), r))
-            } else {
-                None
-            };
-            let recv = if q > 0 {
-                chunk_at(t - q as isize + 1).map(|r| (chain(q - 1), r))
-            } else {
-                None
-            };
-            push_exchange(&mut steps, send, recv, false, 0);
-        }
-    }
+    let chunk = |j: usize| work(split(count, chunks.max(1), j));
+    chain_pipeline(&mut steps, &chain, &chunk, chunks, false, 0);
     Ok(plan(CollKind::Broadcast, rank, steps))
+}
+
+/// A chain of `n` positions: `at(q)` is the rank at position q; this rank is at `me`.
+pub(crate) struct Chain<'a> {
+    pub at: &'a dyn Fn(usize) -> usize,
+    pub n: usize,
+    pub me: usize,
+}
+
+/// Appends a pipelined chain moving `chunks` chunks (`chunk(j)`) from position 0 towards
+/// position n-1: at time step t, position q receives chunk `t-q+1` from q-1 and sends chunk
+/// `t-q` to q+1, both in one `Exchange`. Without `reduce` it is a broadcast from position 0;
+/// with `reduce`, each position combines what it receives into its own chunk before passing it
+/// on, so position n-1 ends with the reduction over the chain.
+pub(crate) fn chain_pipeline(
+    steps: &mut Vec<Step>,
+    c: &Chain<'_>,
+    chunk: &dyn Fn(usize) -> Region,
+    chunks: usize,
+    reduce: bool,
+    chan: usize,
+) {
+    let s = chunks.max(1);
+    let (n, q, chain) = (c.n, c.me, c.at);
+    if n < 2 {
+        return;
+    }
+    let chunk_at =
+        |j: isize| -> Option<Region> { (j >= 0 && (j as usize) < s).then(|| chunk(j as usize)) };
+    for t in 0..(s + n - 2) as isize {
+        let send = if q + 1 < n {
+            chunk_at(t - q as isize).map(|r| (chain(q + 1), r))
+        } else {
+            None
+        };
+        let recv = if q > 0 {
+            chunk_at(t - q as isize + 1).map(|r| (chain(q - 1), r))
+        } else {
+            None
+        };
+        push_exchange(steps, send, recv, reduce, chan);
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,6 @@
-//! Two-level all-reduce for layouts with the same number of ranks L on each of N nodes.
+//! Two-level collectives: the node's fabric inside a node, one ring or chain per local rank (per
+//! rail) between nodes. The all-reduce first (layouts with the same number of ranks L on each of
+//! N nodes); reduce-scatter, all-gather, broadcast, reduce and all-to-all below.
 //!
 //! Buffer convention: `Work` has `count` elements, in/out (all_reduce).
 //!
@@ -14,9 +16,9 @@
 //! chain, then copied, so all ranks end bit-identical. Non-uniform layouts are refused
 //! ([`PlanError::NonUniform`]); the chooser then falls back to the flat ring.
 
-use crate::builder::{work, Ctx, PlanError};
+use crate::builder::{push_exchange, work, Ctx, PlanError};
 use crate::plan::{split, Algo, CollKind, Layout, Plan, Region, Step};
-use crate::ring::{ring_all_gather, ring_reduce_scatter};
+use crate::ring::{chain_pipeline, ring_all_gather, ring_reduce_scatter, Chain};
 
 /// Two-level all-reduce of `count` elements.
 pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
@@ -65,18 +67,261 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
     })
 }
 
-/// Reduce-scatter on one node: the shared-memory fabric's reduce-scatter with every rank's block
-/// as its slice (`Work` has `count * n`; rank r's block ends reduced). Several nodes: unsupported
-/// (blocks owned by one local rank are not contiguous across nodes); the chooser takes the ring.
+/// Two-level reduce-scatter (`Work` has `count * n`; rank r's block `[r*count, (r+1)*count)`
+/// ends reduced). On one node: the fabric's reduce-scatter with every rank's block as its slice.
+/// Across N nodes of L ranks (uniform layouts; others are refused and the chooser takes the
+/// ring), mirroring the all-reduce so every rail carries a ring:
+///
+/// 1. For each node j, one in-node reduce-scatter over the L blocks of node j's ranks: local
+///    rank i then holds block `nodes[j][i]` reduced over its node, for every j (the blocks a
+///    local rank owns are not contiguous when ranks are not numbered node by node, hence one
+///    step per node).
+/// 2. Local rank i runs a ring reduce-scatter (channel i) with local rank i of every other node
+///    over those N blocks: afterwards it holds its own block reduced over every node.
+///
+/// Each element is reduced inside each node in local-rank order, then along one ring chain.
 pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    node_only(CollKind::ReduceScatter, layout, rank, count)
+    if layout.nodes.len() == 1 {
+        return node_only(CollKind::ReduceScatter, layout, rank, count);
+    }
+    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let mut steps = Vec::new();
+    if count > 0 {
+        let block = |j: usize| Region::work(layout.nodes[j][local] * count, count);
+        if group.len() > 1 {
+            for j in 0..layout.nodes.len() {
+                steps.push(Step::NodeReduceScatter {
+                    group: group.clone(),
+                    slices: column(layout, j, count),
+                });
+            }
+        }
+        ring_reduce_scatter(&mut steps, &ring, node, &block, local);
+    }
+    Ok(plan(CollKind::ReduceScatter, rank, steps))
 }
 
-/// All-gather on one node: the fabric's all-gather with every rank's block as its slice.
+/// Two-level all-gather (`Work` has `count * n`; on entry rank r's block holds its
+/// contribution). On one node: the fabric's all-gather. Across nodes (uniform layouts): local
+/// rank i first runs a ring all-gather (channel i) with local rank i of every other node, so it
+/// holds the blocks of local rank i of every node; then, for each node j, one in-node
+/// all-gather of node j's L blocks.
 pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    node_only(CollKind::AllGather, layout, rank, count)
+    if layout.nodes.len() == 1 {
+        return node_only(CollKind::AllGather, layout, rank, count);
+    }
+    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let mut steps = Vec::new();
+    if count > 0 {
+        let block = |j: usize| Region::work(layout.nodes[j][local] * count, count);
+        ring_all_gather(&mut steps, &ring, node, &block, local);
+        if group.len() > 1 {
+            for j in 0..layout.nodes.len() {
+                steps.push(Step::NodeAllGather {
+                    group: group.clone(),
+                    slices: column(layout, j, count),
+                });
+            }
+        }
+    }
+    Ok(plan(CollKind::AllGather, rank, steps))
 }
 
+/// Two-level broadcast from `root` (`Work` has `count`). On one node: the fabric's broadcast
+/// (every peer copies the root's data out of its staging slot). Across N nodes of L ranks
+/// (uniform layouts), every rail carries a share:
+///
+/// 1. In the root's node, the fabric's broadcast of the whole buffer.
+/// 2. Local rank i of the root's node sends slice i (`split(count, L, i)`) down a pipelined
+///    chain through local rank i of every other node (channel i).
+/// 3. In every other node, an in-node all-gather of the L slices.
+pub fn broadcast(
+    layout: &Layout,
+    rank: usize,
+    count: usize,
+    root: usize,
+) -> Result<Plan, PlanError> {
+    let ctx = Ctx::new(layout, rank)?;
+    ctx.check_root(root)?;
+    let (rnode, rlocal) = layout
+        .locate(root)
+        .ok_or(PlanError::BadRoot { root, n: ctx.n })?;
+    let mut steps = Vec::new();
+    if layout.nodes.len() == 1 {
+        let group = layout.nodes[0].clone();
+        if count > 0 && group.len() > 1 {
+            steps.push(Step::NodeBroadcast {
+                group,
+                root: rlocal,
+                region: Region::work(0, count),
+            });
+        }
+        return Ok(plan(CollKind::Broadcast, rank, steps));
+    }
+    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let nn = ring.len();
+    let l = group.len();
+    if count > 0 {
+        let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
+        if node == rnode && l > 1 {
+            steps.push(Step::NodeBroadcast {
+                group: group.clone(),
+                root: rlocal,
+                region: Region::work(0, count),
+            });
+        }
+        let mine = slices[local];
+        let chunks = crate::ring::broadcast_chunks(mine.len);
+        let at = |q: usize| ring[(rnode + q) % nn];
+        let chain = Chain {
+            at: &at,
+            n: nn,
+            me: (node + nn - rnode) % nn,
+        };
+        let chunk = |j: usize| {
+            let (off, len) = split(mine.len, chunks, j);
+            Region::work(mine.offset + off, len)
+        };
+        chain_pipeline(&mut steps, &chain, &chunk, chunks, false, local);
+        if node != rnode && l > 1 {
+            steps.push(Step::NodeAllGather { group, slices });
+        }
+    }
+    Ok(plan(CollKind::Broadcast, rank, steps))
+}
+
+/// Two-level reduce to `root` (`Work` has `count`; the root's ends reduced, the others' are
+/// scratch). On one node: the fabric's pipelined all-reduce (the root needs every reduced
+/// piece anyway). Across N nodes of L ranks (uniform layouts), the mirror of [`broadcast`]:
+///
+/// 1. In every node, an in-node reduce-scatter: local rank i holds slice i reduced over its
+///    node.
+/// 2. Local rank i passes slice i up a pipelined reduction chain through local rank i of every
+///    node, ending at the root's node (channel i).
+/// 3. In the root's node, an in-node all-gather of the L fully reduced slices.
+pub fn reduce(layout: &Layout, rank: usize, count: usize, root: usize) -> Result<Plan, PlanError> {
+    let ctx = Ctx::new(layout, rank)?;
+    ctx.check_root(root)?;
+    let (rnode, _) = layout
+        .locate(root)
+        .ok_or(PlanError::BadRoot { root, n: ctx.n })?;
+    if layout.nodes.len() == 1 {
+        let mut p = all_reduce(layout, rank, count)?;
+        p.kind = CollKind::Reduce;
+        return Ok(p);
+    }
+    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let nn = ring.len();
+    let l = group.len();
+    let mut steps = Vec::new();
+    if count > 0 {
+        let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
+        if l > 1 {
+            steps.push(Step::NodeReduceScatter {
+                group: group.clone(),
+                slices: slices.clone(),
+            });
+        }
+        let mine = slices[local];
+        let chunks = crate::ring::broadcast_chunks(mine.len);
+        // position nn-1 is the root's node: the chain starts at the node after it
+        let at = |q: usize| ring[(rnode + 1 + q) % nn];
+        let chain = Chain {
+            at: &at,
+            n: nn,
+            me: (node + 2 * nn - rnode - 1) % nn,
+        };
+        let chunk = |j: usize| {
+            let (off, len) = split(mine.len, chunks, j);
+            Region::work(mine.offset + off, len)
+        };
+        chain_pipeline(&mut steps, &chain, &chunk, chunks, true, local);
+        if node == rnode && l > 1 {
+            steps.push(Step::NodeAllGather { group, slices });
+        }
+    }
+    Ok(plan(CollKind::Reduce, rank, steps))
+}
+
+/// Two-level all-to-all (`Input` holds n blocks of `count`, block j for rank j; `Work` receives
+/// block j from rank j). The blocks between ranks of one node go through the fabric in one
+/// in-node all-to-all (every rank writes each peer's block into its staging slot once, the peer
+/// copies it out; small calls take one round); the blocks to other nodes go pairwise, as in
+/// [`crate::pairwise`], skipping the rounds whose partner shares the node. Any layout.
+pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    let ctx = Ctx::new(layout, rank)?;
+    let n = ctx.n;
+    let (node, _) = layout.locate(rank).ok_or(PlanError::BadRank { rank, n })?;
+    let group = layout.nodes[node].clone();
+    let mut steps = Vec::new();
+    if count > 0 {
+        if group.len() > 1 {
+            let blocks = group
+                .iter()
+                .map(|&m| Region::work(m * count, count))
+                .collect();
+            steps.push(Step::NodeAllToAll { group, blocks });
+        } else {
+            steps.push(Step::Copy {
+                src: Region::input(rank * count, count),
+                dst: Region::work(rank * count, count),
+            });
+        }
+        let remote = |r: usize| layout.locate(r).map(|x| x.0) != Some(node);
+        for k in 1..n {
+            let to = (rank + k) % n;
+            let from = (rank + n - k) % n;
+            push_exchange(
+                &mut steps,
+                remote(to).then(|| (to, Region::input(to * count, count))),
+                remote(from).then(|| (from, Region::work(from * count, count))),
+                false,
+                0,
+            );
+        }
+    }
+    Ok(plan(CollKind::AllToAll, rank, steps))
+}
+
+/// This rank's node group, local index, ring (local rank `local` of every node, in node order)
+/// and node index, for the two-level collectives across nodes (uniform layouts only).
+fn across_nodes(
+    layout: &Layout,
+    rank: usize,
+) -> Result<(Vec<usize>, usize, Vec<usize>, usize), PlanError> {
+    let ctx = Ctx::new(layout, rank)?;
+    if !layout.uniform() {
+        return Err(PlanError::NonUniform {
+            algo: Algo::TwoLevel,
+            sizes: layout.nodes.iter().map(|n| n.len()).collect(),
+        });
+    }
+    let (node, local) = layout
+        .locate(rank)
+        .ok_or(PlanError::BadRank { rank, n: ctx.n })?;
+    let ring = layout.nodes.iter().map(|n| n[local]).collect();
+    Ok((layout.nodes[node].clone(), local, ring, node))
+}
+
+/// The blocks of node `j`'s ranks as in-node slices: slice i is the block of `nodes[j][i]`.
+fn column(layout: &Layout, j: usize, count: usize) -> Vec<Region> {
+    layout.nodes[j]
+        .iter()
+        .map(|&r| Region::work(r * count, count))
+        .collect()
+}
+
+fn plan(kind: CollKind, rank: usize, steps: Vec<Step>) -> Plan {
+    Plan {
+        kind,
+        algo: Algo::TwoLevel,
+        rank,
+        steps,
+    }
+}
+
+/// Reduce-scatter or all-gather on one node: the fabric's collective with every rank's block as
+/// its slice.
 fn node_only(
     kind: CollKind,
     layout: &Layout,
@@ -84,12 +329,6 @@ fn node_only(
     count: usize,
 ) -> Result<Plan, PlanError> {
     let ctx = Ctx::new(layout, rank)?;
-    if layout.nodes.len() != 1 {
-        return Err(PlanError::Unsupported {
-            kind,
-            algo: Algo::TwoLevel,
-        });
-    }
     let group = layout.nodes[0].clone();
     let mut steps = Vec::new();
     if count > 0 && ctx.n > 1 {
@@ -103,12 +342,7 @@ fn node_only(
             _ => Step::NodeAllGather { group, slices },
         });
     }
-    Ok(Plan {
-        kind,
-        algo: Algo::TwoLevel,
-        rank,
-        steps,
-    })
+    Ok(plan(kind, rank, steps))
 }
 
 #[cfg(test)]
@@ -116,6 +350,59 @@ mod tests {
     use super::*;
     use crate::check::{check, CheckError};
     use crate::testing::{plans, run_matrix};
+
+    #[test]
+    fn reduce_scatter_and_all_gather_across_nodes() {
+        for kind in [CollKind::ReduceScatter, CollKind::AllGather] {
+            let cases = run_matrix(kind, Algo::TwoLevel, true);
+            assert!(cases > 100, "{kind}: {cases} cases");
+        }
+        // Every network exchange stays on the rank's own ring (channel = local index) and
+        // every in-node step is over the rank's own node.
+        let layout = Layout {
+            nodes: vec![vec![0, 3, 4], vec![1, 5, 7], vec![2, 6, 8]],
+        };
+        for kind in [CollKind::ReduceScatter, CollKind::AllGather] {
+            for rank in 0..9 {
+                let (node, local) = layout.locate(rank).unwrap();
+                let p =
+                    crate::build::build_plan(kind, Algo::TwoLevel, &layout, rank, 5, 0).unwrap();
+                for st in &p.steps {
+                    match st {
+                        Step::Exchange { send, recv, .. } => {
+                            for x in send.iter().chain(recv.iter()) {
+                                assert_eq!(x.chan, local);
+                                assert_eq!(layout.locate(x.peer).unwrap().1, local);
+                            }
+                        }
+                        Step::NodeReduceScatter { group, .. }
+                        | Step::NodeAllGather { group, .. } => {
+                            assert_eq!(group, &layout.nodes[node])
+                        }
+                        other => panic!("unexpected step {other:?}"),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn broadcast_reduce_and_all_to_all() {
+        for kind in [CollKind::Broadcast, CollKind::Reduce] {
+            let cases = run_matrix(kind, Algo::TwoLevel, true);
+            assert!(cases > 100, "{kind}: {cases} cases");
+        }
+        // all-to-all has a plan for every layout
+        let cases = run_matrix(CollKind::AllToAll, Algo::TwoLevel, false);
+        assert!(cases > 100, "all-to-all: {cases} cases");
+        // one node: one fabric step each
+        let l = Layout::single_node(4);
+        for (kind, root) in [(CollKind::Broadcast, 2), (CollKind::AllToAll, 0)] {
+            let p = crate::build::build_plan(kind, Algo::TwoLevel, &l, 1, 10, root).unwrap();
+            assert_eq!(p.steps.len(), 1, "{p}");
+            assert!(p.steps[0].node_group().is_some(), "{p}");
+        }
+    }
 
     #[test]
     fn single_node_reduce_scatter_and_all_gather() {
@@ -130,8 +417,14 @@ mod tests {
             }
         }
         assert!(matches!(
-            reduce_scatter(&Layout::block(4, 2), 0, 3),
-            Err(PlanError::Unsupported { .. })
+            reduce_scatter(
+                &Layout {
+                    nodes: vec![vec![0, 1], vec![2]]
+                },
+                0,
+                3
+            ),
+            Err(PlanError::NonUniform { .. })
         ));
     }
 

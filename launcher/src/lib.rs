@@ -4,9 +4,11 @@ pub mod placement;
 pub mod topo_cmd;
 
 pub mod agent;
+pub mod bind;
 pub mod cli;
 pub mod job;
 pub mod node_ranks;
+pub mod pmi;
 pub mod proto;
 pub mod signals;
 pub mod spawn;

@@ -42,6 +42,11 @@ pub struct RankSpec {
     pub env: Vec<(String, String)>,
     /// This rank reads railrun's stdin (rank 0); all others get /dev/null.
     pub stdin: bool,
+    /// Its index among its node's ranks, and their number (the binding is computed for them).
+    #[serde(default)]
+    pub local_rank: u32,
+    #[serde(default)]
+    pub local_size: u32,
 }
 
 /// What one node must run.
@@ -60,6 +65,15 @@ pub struct JobSpec {
     /// Grace between SIGTERM and SIGKILL when the agent kills its ranks on its own.
     pub kill_grace_ms: u64,
     pub ranks: Vec<RankSpec>,
+    /// The job's id and number of ranks (the node's PMI-1 server names and sizes the job).
+    #[serde(default)]
+    pub job_id: String,
+    #[serde(default)]
+    pub world_size: u32,
+    /// `--report-bindings`: the agent prints its ranks' bindings (on its stderr, which railrun
+    /// forwards).
+    #[serde(default)]
+    pub report_bindings: bool,
 }
 
 /// How a rank ended.
@@ -423,7 +437,12 @@ mod tests {
                     rank: 0,
                     env: vec![],
                     stdin: true,
+                    local_rank: 0,
+                    local_size: 1,
                 }],
+                job_id: "j".into(),
+                world_size: 1,
+                report_bindings: true,
             }),
         ];
         let mut buf = Vec::new();

@@ -4,10 +4,12 @@
 //! Every rank starts in its own session and process group (`setsid`), with
 //! `PR_SET_PDEATHSIG = SIGKILL`, so it dies when the thread that forked it (the job's spawning
 //! thread, which lives as long as the job) dies. Killing a rank signals its whole group.
+//! Before exec the rank is bound to its CPUs and keeps its PMI socket open ([`RankSetup`]).
 
 use crate::proto::{ExitKind, RankSpec, Stream};
 use crate::stdio::for_each_line;
 use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -37,6 +39,17 @@ pub struct RankCommand<'a> {
     pub env: &'a [(String, String)],
 }
 
+/// What the spawner sets up for one rank besides its variables (see [`crate::node_ranks`]).
+#[derive(Default)]
+pub struct RankSetup {
+    /// Variables over the rank's own (binding, PMI).
+    pub env: Vec<(String, String)>,
+    /// CPUs to bind the rank to before exec (`None`: affinity left alone).
+    pub cpus: Option<libc::cpu_set_t>,
+    /// A descriptor the rank inherits (its PMI socket); closed here once the rank started.
+    pub keep_fd: Option<OwnedFd>,
+}
+
 /// A started rank.
 pub struct RankProc {
     pub rank: u32,
@@ -51,9 +64,12 @@ pub fn spawn_rank(
     l: &RankCommand<'_>,
     rank: &RankSpec,
     extra_env: &[(String, String)],
+    setup: RankSetup,
     events: Arc<dyn RankEvents>,
 ) -> io::Result<RankProc> {
-    let mut child = rank_process(l, rank, extra_env).spawn()?;
+    let mut child = rank_process(l, rank, extra_env, &setup).spawn()?;
+    // The rank has its copy of the PMI socket; ours closes here.
+    drop(setup.keep_fd);
     let pid = child.id();
     let r = rank.rank;
     let stdin = child.stdin.take();
@@ -66,14 +82,27 @@ pub fn spawn_rank(
 }
 
 /// The rank's command: the node's command line, the job's variables, then the rank's own, then
-/// `extra_env`; stdout and stderr piped, stdin piped for rank 0 only; its own session, killed
-/// with its parent.
-fn rank_process(l: &RankCommand<'_>, rank: &RankSpec, extra_env: &[(String, String)]) -> Command {
+/// `extra_env`, then the setup's; stdout and stderr piped, stdin piped for rank 0 only; its own
+/// session, killed with its parent, bound to its CPUs, its PMI socket inherited.
+fn rank_process(
+    l: &RankCommand<'_>,
+    rank: &RankSpec,
+    extra_env: &[(String, String)],
+    setup: &RankSetup,
+) -> Command {
     let mut cmd = Command::new(l.program);
     cmd.args(l.args).current_dir(l.cwd);
-    for (k, v) in l.env.iter().chain(rank.env.iter()).chain(extra_env.iter()) {
+    for (k, v) in l
+        .env
+        .iter()
+        .chain(rank.env.iter())
+        .chain(extra_env.iter())
+        .chain(setup.env.iter())
+    {
         cmd.env(k, v);
     }
+    let cpus = setup.cpus;
+    let keep_fd = setup.keep_fd.as_ref().map(|f| f.as_raw_fd());
     cmd.stdin(if rank.stdin {
         Stdio::piped()
     } else {
@@ -82,7 +111,8 @@ fn rank_process(l: &RankCommand<'_>, rank: &RankSpec, extra_env: &[(String, Stri
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: getpid is async-signal-safe and called here, before the fork.
     let parent = unsafe { libc::getpid() };
-    // SAFETY: only async-signal-safe calls (setsid, prctl, getppid, _exit) between fork and exec.
+    // SAFETY: only async-signal-safe calls (setsid, prctl, getppid, _exit, fcntl,
+    // sched_setaffinity on a set built before the fork) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -101,6 +131,17 @@ fn rank_process(l: &RankCommand<'_>, rank: &RankSpec, extra_env: &[(String, Stri
             // The parent died between fork and prctl: do not outlive it.
             if libc::getppid() != parent {
                 libc::_exit(137);
+            }
+            // The PMI socket is close-on-exec in the spawner; the rank keeps its copy.
+            if let Some(fd) = keep_fd {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(set) = cpus.as_ref() {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });

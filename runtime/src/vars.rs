@@ -49,6 +49,31 @@ pub const NO_COLOR: &str = "NO_COLOR";
 /// server address is this node's management interface. Read by `config` (rail choice).
 pub const SSH_CONNECTION: &str = "SSH_CONNECTION";
 
+/// The CPUs railrun bound the rank to before exec (a CPU list, `0-3,8`), exactly what
+/// `--report-bindings` shows. Set by railrun or its agent (per rank) when it bound the rank;
+/// read by `bootstrap::launch` (the runtime then keeps this binding instead of computing its
+/// own, see `comm::setup`).
+pub const BOUND_CPUS: &str = "RAILRING_BOUND_CPUS";
+
+/// The rank's pre-connected PMI-1 socket (Flux RFC 13; what MPICH's Hydra gives). Set by
+/// railrun or its agent (per rank) for MPICH-family programs; read by `bootstrap::launch` when
+/// not started by railrun (MPICH's `mpiexec`).
+pub const PMI_FD: &str = "PMI_FD";
+/// The rank, for PMI-1 clients. Set by railrun (per rank); read by `bootstrap::launch`.
+pub const PMI_RANK: &str = "PMI_RANK";
+/// The number of ranks, for PMI-1 clients. Set by railrun (job-wide); read by
+/// `bootstrap::launch`.
+pub const PMI_SIZE: &str = "PMI_SIZE";
+/// Hydra's name for the local rank. Set by railrun (per rank), for programs.
+pub const MPI_LOCALRANKID: &str = "MPI_LOCALRANKID";
+/// Hydra's name for the number of local ranks. Set by railrun (per rank), for programs.
+pub const MPI_LOCALNRANKS: &str = "MPI_LOCALNRANKS";
+/// Open MPI's singleton server: railrun points it at a file that does not exist when it starts
+/// more than one rank, so an Open MPI program it could not recognise before the start (a
+/// Python script with Open MPI's mpi4py) fails in `MPI_Init` naming this path instead of
+/// running as N worlds of one. Set by railrun (job-wide); read by Open MPI.
+pub const OMPI_SINGLETON_SERVER: &str = "OMPI_MCA_orte_server";
+
 /// torchrun's name for [`RANK`]. Set by railrun (per rank); read by `bootstrap::launch`
 /// when the process was not started by railrun.
 pub const TORCHRUN_RANK: &str = "RANK";
@@ -155,6 +180,7 @@ mod tests {
             ("BIND_TO", BIND_TO),
             ("MAP_BY", MAP_BY),
             ("LOG_COLOR", LOG_COLOR),
+            ("BOUND_CPUS", BOUND_CPUS),
             ("TIMEOUT", TIMEOUT),
             ("CONNECT_TIMEOUT", CONNECT_TIMEOUT),
             ("ALGO", ALGO),

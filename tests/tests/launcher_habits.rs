@@ -307,6 +307,22 @@ fn pasted_binding_modes_are_reported() {
     }
     let l = lines(&["-np", "1", "--bind-to", "socket"]);
     assert!(l[0].contains("bind-to socket"), "{}", l[0]);
+
+    // ... and every program gets it before exec: a shell reads its own affinity.
+    let mut c = railrun();
+    c.args(["-np", &np, "--map-by", "core", "--tag-output", "sh", "-c"])
+        .arg("grep Cpus_allowed_list /proc/self/status");
+    let o = run_limited(c, Duration::from_secs(60));
+    let out = text(&o.stdout);
+    assert!(o.status.success(), "{}\n{out}", text(&o.stderr));
+    for (r, cpu) in cpus.iter().take(n).enumerate() {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(&format!("[{r}] Cpus_allowed_list:"))
+                    && l.split_whitespace().last() == Some(cpu.to_string().as_str())),
+            "rank {r} should be bound to CPU {cpu}: {out}"
+        );
+    }
 }
 
 // ------------------------------------------------------------------------------ | head

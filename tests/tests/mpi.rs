@@ -11,6 +11,7 @@
 //! `cargo test -p railring-tests --features mpi --test mpi`
 #![cfg(feature = "mpi")]
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -336,6 +337,46 @@ fn railperf_vs_mpi_points_to_railcompare() {
         err.contains("railcompare -np 2") && err.contains("-- allreduce -b 8 -e 1K"),
         "{err}"
     );
+}
+
+/// mpiperf is an Open MPI program: railrun refuses it before the start, and under another
+/// MPI's launcher (MPICH's mpiexec) it compares MPI_COMM_WORLD with the size the launcher
+/// announced instead of running N worlds of one.
+#[test]
+fn mpiperf_checks_the_world_it_was_given() {
+    let dir = tools();
+    let args = ["allreduce", "-b", "8", "-e", "8", "-n", "1", "-w", "0"];
+    let mut c = clean(Command::new(dir.join("railrun")));
+    c.args(["-np", "2"]).arg(dir.join("mpiperf")).args(args);
+    let o = run_limited(c, Duration::from_secs(60), "railrun -np 2 mpiperf");
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is an Open MPI program (it links libmpi.so.40)")
+            && err.contains("mpirun -np 2"),
+        "{err}"
+    );
+    let Some(mpiexec) = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("mpiexec.mpich"))
+            .find(|f| f.is_file())
+    }) else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: mpiperf_checks_the_world_it_was_given: mpiexec.mpich not found (MPICH part)"
+        );
+        return;
+    };
+    let mut c = clean(Command::new(mpiexec));
+    c.args(["-n", "2"]).arg(dir.join("mpiperf")).args(args);
+    let o = run_limited(c, Duration::from_secs(60), "mpiexec.mpich -n 2 mpiperf");
+    let (out, err) = (text(&o.stdout), text(&o.stderr));
+    assert!(!o.status.success(), "{out}\n{err}");
+    assert!(
+        err.contains("MPI_COMM_WORLD has 1 rank(s), but the launcher started 2 (PMI_SIZE=2)"),
+        "{err}"
+    );
+    assert!(!out.contains("Avg bus bandwidth"), "it ran:\n{out}");
 }
 
 // ---- across the emulated cluster ----

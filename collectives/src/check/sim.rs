@@ -194,37 +194,32 @@ impl<'a> Sim<'a> {
                 }
                 Ok(changed)
             }
-            Step::NodeReduceScatter { group, slices } | Step::NodeAllGather { group, slices } => {
-                let rs = matches!(step, Step::NodeReduceScatter { .. });
+            Step::NodeReduceScatter { .. }
+            | Step::NodeAllGather { .. }
+            | Step::NodeBroadcast { .. }
+            | Step::NodeAllToAll { .. } => {
+                let group = step.node_group().unwrap_or(&[]);
                 for &m in group {
                     if m == r {
                         continue;
                     }
-                    let other = match self.current(m) {
-                        Some(s @ Step::NodeReduceScatter { .. })
-                        | Some(s @ Step::NodeAllGather { .. }) => s,
-                        _ => return Ok(false),
+                    let Some(other) = self.current(m).filter(|s| s.node_group().is_some()) else {
+                        return Ok(false);
                     };
-                    let (og, os) = match other {
-                        Step::NodeReduceScatter { group, slices }
-                        | Step::NodeAllGather { group, slices } => (group, slices),
-                        _ => return Ok(false),
-                    };
+                    let og = other.node_group().unwrap_or(&[]);
                     if !og.contains(&r) {
                         // m is busy with another group first.
                         return Ok(false);
                     }
-                    let ors = matches!(other, Step::NodeReduceScatter { .. });
                     let msg = if og != group {
                         Some(format!("groups {group:?} vs {og:?}"))
-                    } else if ors != rs {
-                        let name = |b: bool| if b { "reduce-scatter" } else { "all-gather" };
-                        Some(format!("{} vs {}", name(rs), name(ors)))
-                    } else if os != slices {
+                    } else if std::mem::discriminant(other) != std::mem::discriminant(step) {
+                        Some(format!("{} vs {}", step.kind_name(), other.kind_name()))
+                    } else if other != step {
                         Some(format!(
-                            "slices {} vs {}",
-                            fmt_regions(slices),
-                            fmt_regions(os)
+                            "regions {} vs {}",
+                            fmt_regions(&step.node_regions()),
+                            fmt_regions(&other.node_regions())
                         ))
                     } else {
                         None
@@ -239,30 +234,67 @@ impl<'a> Sim<'a> {
                         });
                     }
                 }
-                for (i, sl) in slices.iter().enumerate() {
-                    let range = sl.offset..sl.end();
-                    if rs {
-                        let mut acc = self.work[group[0]][range.clone()].to_vec();
-                        for &m in &group[1..] {
-                            for (a, &v) in acc.iter_mut().zip(&self.work[m][range.clone()]) {
-                                *a = self.ex.op(*a, v);
-                            }
-                        }
-                        self.work[group[i]][range].copy_from_slice(&acc);
-                    } else {
-                        let vals = self.work[group[i]][range.clone()].to_vec();
-                        for &m in group {
-                            if m != group[i] {
-                                self.work[m][range.clone()].copy_from_slice(&vals);
-                            }
-                        }
-                    }
-                }
+                self.node_step(step);
                 for &m in group {
                     self.pc[m] += 1;
                 }
                 Ok(true)
             }
+        }
+    }
+
+    /// The effect of one in-node step on every member (all members are at this very step).
+    fn node_step(&mut self, step: &Step) {
+        match step {
+            Step::NodeReduceScatter { group, slices } => {
+                for (i, sl) in slices.iter().enumerate() {
+                    let range = sl.offset..sl.end();
+                    let mut acc = self.work[group[0]][range.clone()].to_vec();
+                    for &m in &group[1..] {
+                        for (a, &v) in acc.iter_mut().zip(&self.work[m][range.clone()]) {
+                            *a = self.ex.op(*a, v);
+                        }
+                    }
+                    self.work[group[i]][range].copy_from_slice(&acc);
+                }
+            }
+            Step::NodeAllGather { group, slices } => {
+                for (i, sl) in slices.iter().enumerate() {
+                    let range = sl.offset..sl.end();
+                    let vals = self.work[group[i]][range.clone()].to_vec();
+                    for &m in group {
+                        if m != group[i] {
+                            self.work[m][range.clone()].copy_from_slice(&vals);
+                        }
+                    }
+                }
+            }
+            Step::NodeBroadcast {
+                group,
+                root,
+                region,
+            } => {
+                let range = region.offset..region.end();
+                let vals = self.work[group[*root]][range.clone()].to_vec();
+                for &m in group {
+                    self.work[m][range.clone()].copy_from_slice(&vals);
+                }
+            }
+            Step::NodeAllToAll { group, blocks } => {
+                // member i's Work blocks[j] <- member j's Input at blocks[i]
+                let mut out = Vec::new();
+                for (i, &mi) in group.iter().enumerate() {
+                    for (j, &mj) in group.iter().enumerate() {
+                        let from = blocks[i];
+                        let vals = self.input[mj][from.offset..from.end()].to_vec();
+                        out.push((mi, blocks[j], vals));
+                    }
+                }
+                for (m, dst, vals) in out {
+                    self.work[m][dst.offset..dst.end()].copy_from_slice(&vals);
+                }
+            }
+            Step::Exchange { .. } | Step::Copy { .. } => {}
         }
     }
 
@@ -314,19 +346,18 @@ impl<'a> Sim<'a> {
                         );
                     }
                 }
-                Step::NodeReduceScatter { group, .. } | Step::NodeAllGather { group, .. } => {
-                    let what = if matches!(step, Step::NodeReduceScatter { .. }) {
-                        "node reduce-scatter"
-                    } else {
-                        "node all-gather"
-                    };
-                    let _ = write!(out, "{what} over {group:?}, waiting for");
+                Step::NodeReduceScatter { .. }
+                | Step::NodeAllGather { .. }
+                | Step::NodeBroadcast { .. }
+                | Step::NodeAllToAll { .. } => {
+                    let group = step.node_group().unwrap_or(&[]);
+                    let _ = write!(out, "{} over {group:?}, waiting for", step.kind_name());
                     for &m in group {
                         match self.current(m) {
                             None => {
                                 let _ = write!(out, " rank {m} (finished)");
                             }
-                            Some(Step::NodeReduceScatter { .. } | Step::NodeAllGather { .. }) => {}
+                            Some(s) if s.node_group().is_some() => {}
                             Some(_) => {
                                 let _ = write!(out, " rank {m} (at step {})", self.pc[m]);
                             }

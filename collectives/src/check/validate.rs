@@ -94,13 +94,27 @@ pub(super) fn validate(
                     return Err(bad(r, i, format!("copy {src} -> {dst}: lengths differ")));
                 }
             }
-            Step::NodeReduceScatter { group, slices } | Step::NodeAllGather { group, slices } => {
+            Step::NodeReduceScatter { .. }
+            | Step::NodeAllGather { .. }
+            | Step::NodeBroadcast { .. }
+            | Step::NodeAllToAll { .. } => {
+                let group = s.node_group().unwrap_or(&[]);
+                let slices = s.node_regions();
                 if !group.contains(&r) {
                     return Err(bad(
                         r,
                         i,
                         format!("node group {group:?} does not contain it"),
                     ));
+                }
+                if let Step::NodeBroadcast { root, .. } = s {
+                    if *root >= group.len() {
+                        return Err(bad(
+                            r,
+                            i,
+                            format!("broadcast root {root} is not a member of {group:?}"),
+                        ));
+                    }
                 }
                 if slices.len() != group.len() {
                     return Err(bad(
@@ -123,6 +137,22 @@ pub(super) fn validate(
                             i,
                             format!("node group {group:?}: rank {m} is on another node"),
                         ));
+                    }
+                }
+                if let Step::NodeBroadcast { region, .. } = s {
+                    in_bounds(i, region, true)?;
+                    continue;
+                }
+                if let Step::NodeAllToAll { blocks, .. } = s {
+                    for b in blocks {
+                        in_bounds(
+                            i,
+                            &Region {
+                                buf: Buf::Input,
+                                ..*b
+                            },
+                            false,
+                        )?;
                     }
                 }
                 for (j, sl) in slices.iter().enumerate() {

@@ -9,9 +9,13 @@
 //! `railcompare` runs it and railperf side by side. half / bfloat16 have no MPI datatype: asking
 //! for one is an error; `-d all` runs the other eight types (and says so). Calls are blocking
 //! MPI calls issued back to back whatever `-z` says (the header says "blocking calls").
+//!
+//! Started by a launcher of another MPI (MPICH's `mpiexec` for an Open MPI build, or railrun),
+//! `MPI_Init` gives every rank a world of one: mpiperf compares the size of `MPI_COMM_WORLD` with
+//! the number of ranks the launcher announced and stops with an error when they differ.
 
 use railring_examples::mpi_backend::{self, Mpi};
-use railring_examples::perf::{self, Options};
+use railring_examples::perf::{self, Backend, Options};
 
 fn first_rank() -> bool {
     ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
@@ -19,6 +23,30 @@ fn first_rank() -> bool {
         .find_map(|v| std::env::var(v).ok())
         .map(|r| r.trim() == "0")
         .unwrap_or(true)
+}
+
+/// The number of ranks the launcher says it started, and the variable that says so.
+fn launcher_size() -> Option<(&'static str, usize)> {
+    [
+        "RAILRING_WORLD_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+    ]
+    .into_iter()
+    .find_map(|v| Some((v, std::env::var(v).ok()?.trim().parse().ok()?)))
+}
+
+/// The world MPI gave must be the one the launcher started.
+fn check_world(be: &Mpi) -> Result<(), String> {
+    match launcher_size() {
+        Some((var, n)) if n != be.size() => Err(format!(
+            "MPI_COMM_WORLD has {} rank(s), but the launcher started {n} ({var}={n}): this mpiperf is built against {}, which the launcher does not serve, so every rank would run alone. Start it with that MPI's own mpirun (e.g. mpirun -np {n} mpiperf ...)",
+            be.size(),
+            be.library()
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn main() {
@@ -68,7 +96,17 @@ fn main() {
     // the table's header.
     opts.blocking = true;
     let result = match Mpi::init() {
-        Ok(be) => perf::run_with(&be, &opts),
+        Ok(be) => match check_world(&be) {
+            Ok(()) => perf::run_with(&be, &opts),
+            Err(e) => {
+                if first_rank() {
+                    eprintln!("mpiperf: {e}");
+                }
+                // be is dropped (MPI_Finalize) before exiting
+                drop(be);
+                std::process::exit(1);
+            }
+        },
         // be is dropped at the end of the arm: MPI_Finalize before exiting
         Err(e) => Err(e),
     };

@@ -10,7 +10,7 @@
 
 mod relay;
 
-use crate::node_ranks::{NodeRanks, ServeError};
+use crate::node_ranks::{JobIdent, NodeRanks, ServeError};
 use crate::proto::{self, ExitKind, FrameWriter, JobSpec, Msg, Stream};
 use crate::signals;
 use crate::spawn::{self, RankCommand, RankEvents};
@@ -274,8 +274,16 @@ impl AgentState {
     /// `SpawnFailed` for the first that cannot start and every rank after it.
     fn spawn(&mut self, spec: JobSpec) {
         self.grace = Duration::from_millis(spec.kill_grace_ms.min(3_600_000));
-        // The relay for this node's ranks: 127.0.0.1 only, guarded by the job secret.
-        if let Err(e) = self.ranks.serve_store(&spec.secret, self.relay.clone()) {
+        // The relay for this node's ranks: 127.0.0.1 only, guarded by the job secret; the PMI-1
+        // server over it.
+        let job = JobIdent {
+            id: &spec.job_id,
+            world_size: spec.world_size,
+        };
+        if let Err(e) = self
+            .ranks
+            .serve_store(&spec.secret, self.relay.clone(), job)
+        {
             let error = match e {
                 ServeError::Bind(e) => format!("cannot open the store relay on 127.0.0.1: {e}"),
                 ServeError::Serve(e) => format!("cannot serve the store relay: {e}"),
@@ -294,7 +302,17 @@ impl AgentState {
             writer: self.writer.clone(),
             tx: Mutex::new(self.tx.clone()),
         });
-        let started = self.ranks.start(&cmd, &spec.ranks, &events);
+        // Binding before exec, as --report-bindings shows it. This node's report lines and
+        // notes go to the agent's stderr, which railrun forwards as "railrun: [HOST] ...".
+        let plan = NodeRanks::plan(&cmd, &spec.ranks, &self.log.host);
+        if spec.report_bindings {
+            let text: String = plan.report.concat();
+            let _ = write!(io::stderr(), "bindings:\n{text}");
+        }
+        for n in &plan.notes {
+            let _ = writeln!(io::stderr(), "{n}");
+        }
+        let started = self.ranks.start(&cmd, &spec.ranks, &plan, &events);
         if let Some(stdin) = self.ranks.take_stdin() {
             if let Some(rx) = self.stdin_rx.take() {
                 let _ = std::thread::Builder::new()

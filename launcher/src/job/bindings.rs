@@ -1,18 +1,25 @@
 //! `railrun --report-bindings`: each rank's GPU / NIC(s) / CPUs, computed from this machine's
-//! topology for the ranks on local hosts (remote ranks are bound by themselves when they start).
-//! The wording of one binding is the runtime's (`topology::render::binding_report`).
+//! topology for the ranks on local hosts; the agent of every other node prints its ranks' lines
+//! when it starts them. It is the binding each rank gets before exec, whatever the program
+//! ([`crate::bind`]: the same computation, with the variables the ranks will see). The wording
+//! of one binding is the runtime's (`topology::render::binding_report`).
 
-use crate::cli::BindTo;
+use crate::bind;
+use crate::cli::RunOpts;
 use crate::host_source;
 use crate::placement::Placement;
-use railring::topology::{render, BindOptions, Binding, Topology};
+use railring::topology::{BindOptions, Binding, Topology};
+use railring::vars;
 use std::collections::HashMap;
 
-/// The report for `pl`: a heading, then one line per rank.
-pub fn report_bindings(pl: &Placement, bind_to: Option<BindTo>) -> String {
-    report_with(pl, host_source::is_local, || {
-        crate::topo_cmd::load(None, bind_to.map(BindTo::as_str))
-    })
+/// The report for `pl` run with `opts`: a heading, then one line per rank.
+pub fn report_bindings(pl: &Placement, opts: &RunOpts) -> String {
+    let mut job = super::launch::user_env(opts);
+    if let Some(b) = opts.bind_to {
+        job.push((vars::BIND_TO.to_string(), b.as_str().to_string()));
+    }
+    let lookup = bind::job_lookup(&job);
+    report_with(pl, host_source::is_local, || bind::options(&lookup))
 }
 
 /// The report, with `is_local` saying which hosts are this machine and `topology` giving its
@@ -31,7 +38,9 @@ fn report_with(
             r.rank, r.host, r.local_rank, r.local_size
         );
         if !is_local(&r.host) {
-            out.push_str(&format!("{head}: (remote: bound at start)\n"));
+            out.push_str(&format!(
+                "{head}: (remote: computed and reported by its node's agent when the job starts)\n"
+            ));
             continue;
         }
         let (t, o) = match local.get_or_insert_with(&mut topology) {
@@ -46,7 +55,7 @@ fn report_with(
             .or_insert_with(|| t.bindings(r.local_size, o).map_err(|e| e.to_string()));
         match b {
             Ok(v) => match v.get(r.local_rank) {
-                Some(b) => out.push_str(&format!("{head}: {}\n", render::binding_report(b))),
+                Some(b) => out.push_str(&format!("{head}: {}\n", bind::describe(b))),
                 None => out.push_str(&format!("{head}: no binding computed\n")),
             },
             Err(e) => out.push_str(&format!("{head}: cannot compute a binding: {e}\n")),
@@ -98,7 +107,7 @@ mod tests {
         );
         assert_eq!(
             lines[3],
-            "  rank 2 on there (local rank 0/1): (remote: bound at start)"
+            "  rank 2 on there (local rank 0/1): (remote: computed and reported by its node's agent when the job starts)"
         );
     }
 
@@ -113,6 +122,6 @@ mod tests {
         // No local rank: the topology is not even looked at.
         let pl = placement("there:1", 1);
         let text = report_with(&pl, |_| false, || panic!("asked for the topology"));
-        assert!(text.ends_with("(remote: bound at start)\n"), "{text}");
+        assert!(text.ends_with("when the job starts)\n"), "{text}");
     }
 }

@@ -10,6 +10,7 @@ mod agent_command;
 mod agents;
 mod bindings;
 mod launch;
+mod mpi_family;
 mod prepare;
 mod program;
 mod stdin;
@@ -97,9 +98,6 @@ pub fn run(given: &RunOpts) -> i32 {
         let _ = std::io::stdout().write_all(pl.table().as_bytes());
         let _ = std::io::stdout().flush();
     }
-    if opts.report_bindings {
-        eprint!("{}", report_bindings(&pl, opts.bind_to));
-    }
     if let Err(e) = prepare::before_start(&mut opts) {
         eprintln!("railrun: {e}");
         return EXIT_CONFIG;
@@ -112,6 +110,13 @@ pub fn run(given: &RunOpts) -> i32 {
             return EXIT_NOT_STARTED;
         }
     };
+    if let Err((code, e)) = launch::preflight(opts, &pl, &program) {
+        eprintln!("railrun: {e}");
+        return code;
+    }
+    if opts.report_bindings {
+        eprint!("{}", report_bindings(&pl, opts));
+    }
     let sink = match &opts.output_dir {
         Some(d) => match Sink::dir(d, pl.np(), opts.tag_output) {
             Ok(s) => s,
@@ -143,7 +148,7 @@ fn dry_run(opts: &RunOpts, pl: &Placement, d: DryRun) -> i32 {
         out.push('\n');
     }
     if opts.report_bindings && d == DryRun::Table {
-        out.push_str(&report_bindings(pl, opts.bind_to));
+        out.push_str(&report_bindings(pl, opts));
     }
     let _ = std::io::stdout().write_all(out.as_bytes());
     let _ = std::io::stdout().flush();

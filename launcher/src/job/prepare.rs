@@ -108,7 +108,7 @@ pub fn place(opts: &mut RunOpts) -> Result<Placement, String> {
 
 /// What `--map-by` / `--rank-by` imply for the ranks: the binding (Open MPI binds to the
 /// mapped object when `--bind-to` is not given) and `RAILRING_MAP_BY`, the spread inside each
-/// node, for every rank and for railrun's own `--report-bindings`.
+/// node, for every rank, the binding before exec and `--report-bindings`.
 pub fn mapping(opts: &mut RunOpts, pl: &Placement, here: &LocalShape) {
     if opts.bind_to.is_none() {
         if let Some(o) = opts.map_by.and_then(MapBy::bind_object) {
@@ -136,8 +136,8 @@ pub fn mapping(opts: &mut RunOpts, pl: &Placement, here: &LocalShape) {
             );
         }
     }
-    // railrun's own --report-bindings reads it from the environment, as the ranks do.
-    std::env::set_var(vars::MAP_BY, &spread);
+    // The ranks, the binding before exec and --report-bindings all read it from the job's
+    // variables.
     set_env(opts, vars::MAP_BY, spread);
 }
 
@@ -170,6 +170,9 @@ fn forwarded_by_genvall(name: &str) -> bool {
         vars::TORCHRUN_LOCAL_WORLD_SIZE,
         vars::MASTER_ADDR,
         vars::MASTER_PORT,
+        vars::BOUND_CPUS,
+        vars::MPI_LOCALRANKID,
+        vars::MPI_LOCALNRANKS,
         "HOSTNAME",
         "PWD",
         "OLDPWD",

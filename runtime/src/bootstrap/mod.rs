@@ -6,6 +6,8 @@
 pub mod launch;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+mod offer;
+pub mod pmi;
 
 pub use launch::Launch;
 
@@ -29,7 +31,8 @@ pub struct Rendezvous {
 }
 
 /// Join the job `launch` describes: connect to its store (on rank 0 of a hosted store, serve it
-/// first). `Ok(None)` for [`Launch::Alone`]. [`Launch::Mpi`] goes through [`mpi`] instead.
+/// first; for [`Launch::Pmi`], through the PMI server, [`pmi`]). `Ok(None)` for
+/// [`Launch::Alone`]. [`Launch::Mpi`] goes through [`mpi`] instead.
 pub fn join(launch: Launch, connect_timeout: Duration) -> Result<Option<Rendezvous>> {
     let (rank, size, store_addr, secret, job, server) = match launch {
         Launch::Alone => return Ok(None),
@@ -37,6 +40,9 @@ pub fn join(launch: Launch, connect_timeout: Duration) -> Result<Option<Rendezvo
             return Err(Error::Invalid(format!(
                 "started by an MPI launcher ({source} is set): the MPI bootstrap joins such jobs, not the store"
             )))
+        }
+        Launch::Pmi { rank, size, fd } => {
+            return pmi::rendezvous(rank, size, fd, connect_timeout).map(Some)
         }
         Launch::Store {
             rank,

@@ -259,14 +259,26 @@ impl Communicator {
         let Some(me) = bindings.get(local_rank) else {
             return fallback;
         };
+        // railrun bound this process before exec to exactly what --report-bindings showed
+        // (RAILRING_BOUND_CPUS, still the mask): with an explicit binding mode
+        // (RAILRING_BIND_TO) that mask is kept as it is; by default the pinning below may still
+        // narrow it (it says so).
+        let by_railrun =
+            crate::bootstrap::launch::railrun::bound_cpus(&crate::bootstrap::launch::process_env)
+                .filter(|l| crate::topology::process_allowed_cpus().ok().as_ref() == Some(l));
+        if let (Some(l), true) = (&by_railrun, cfg.bind.bind_to.is_some()) {
+            tracing::info!(target: "railring::topo", rank, "CPUs {} as railrun bound this rank before exec ({}); kept", crate::topology::format_cpulist(l), crate::vars::BIND_TO);
+        }
+        let keep = by_railrun.is_some() && cfg.bind.bind_to.is_some();
         // More local ranks share this CPU set than it has CPUs (a 2-core laptop running 4
         // ranks): pin each to one CPU of the set, round-robin, so each core keeps the same
         // processes and waits hand the core straight to a peer instead of migrating it.
         let sharers: Vec<usize> = (0..bindings.len())
             .filter(|&i| bindings[i].cpus == me.cpus)
             .collect();
-        let cpus = if let (Some((i, n)), false) =
-            (crate::transport::kernel_slot(), me.cpus.is_empty())
+        let cpus = if keep {
+            Vec::new()
+        } else if let (Some((i, n)), false) = (crate::transport::kernel_slot(), me.cpus.is_empty())
         {
             // Several nodes on one kernel (emulated hosts): give each node its own share of the
             // CPUs, as real nodes have, by pinning the kernel's ranks in rank order in blocks.
@@ -309,7 +321,7 @@ impl Communicator {
             "local rank {local_rank}: GPU {}, NIC {}, CPUs {}, rail {rail} ({rail_name}) by {why}; {}",
             me.gpu.as_ref().map(|g| g.index.to_string()).unwrap_or_else(|| "none".into()),
             me.nics.first().map(|n| format!("{} ({})", n.name, n.path_class)).unwrap_or_else(|| "none".into()),
-            crate::topology::format_cpulist(&me.cpus),
+            crate::topology::format_cpulist(by_railrun.as_ref().filter(|_| keep).unwrap_or(&me.cpus)),
             me.reason
         );
         rail

@@ -269,6 +269,25 @@ impl<'a> Executor<'a> {
                 Step::NodeAllGather { group, slices } => {
                     self.node(NodeMode::AllGather, group, slices, call, bufs, None)?
                 }
+                Step::NodeBroadcast {
+                    group,
+                    root,
+                    region,
+                } => {
+                    let mode = NodeMode::Broadcast { root: *root };
+                    self.node(mode, group, std::slice::from_ref(region), call, bufs, None)?
+                }
+                Step::NodeAllToAll { group, blocks } => {
+                    // the blocks sit at the same offsets in the input: the fabric reads them there
+                    if bufs.input_bytes < bufs.work_bytes {
+                        return Err(Error::Plan(format!(
+                            "in-node all-to-all: input of {} bytes for {} bytes of blocks",
+                            bufs.input_bytes, bufs.work_bytes
+                        )));
+                    }
+                    let input = Some(bufs.input);
+                    self.node(NodeMode::AllToAll, group, blocks, call, bufs, input)?
+                }
                 Step::Copy { src, dst } => {
                     let (s, n) = bufs.region(src, esz)?;
                     let (t, m) = bufs.region(dst, esz)?;
@@ -300,8 +319,15 @@ impl<'a> Executor<'a> {
     ) -> Result<()> {
         let StepCall { desc: d, dtype, op } = call;
         if group.len() <= 1 {
-            if let Some(p) = src {
-                std::ptr::copy(p, bufs.work, bufs.work_bytes);
+            match (src, mode) {
+                (Some(p), NodeMode::AllToAll) => {
+                    for s in slices {
+                        let (d, n) = bufs.region(s, dtype.size())?;
+                        std::ptr::copy(p.add(d as usize - bufs.work as usize), d, n);
+                    }
+                }
+                (Some(p), _) => std::ptr::copy(p, bufs.work, bufs.work_bytes),
+                (None, _) => {}
             }
             return Ok(());
         }

@@ -20,8 +20,12 @@ pub enum NodeMode {
     AllReduce,
     /// Small all-reduce: every rank reduces the whole (small) buffer itself; one flag round.
     AllReduceSmall,
-    /// Broadcast from local index `root` (used by node-level broadcast plans).
+    /// Broadcast from local index `root`: every member's `slices[0]` receives the root's.
     Broadcast { root: usize },
+    /// All-to-all: `slices[j]` is local rank j's block, at the same offsets in this rank's
+    /// input (`src`: the block destined for local rank j) and in `work` (the block from local
+    /// rank j). Every block has the same length.
+    AllToAll,
 }
 
 /// One in-node collective call: [`NodeFabric::node_op`]'s arguments.

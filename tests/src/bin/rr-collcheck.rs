@@ -3,6 +3,7 @@
 //! input). Modes:
 //!   all            every collective, dtype, op and awkward size; prints "OK rank R"
 //!   allreduce N    one f32 all-reduce of N elements, checked (used by cluster tests)
+//!   affinity       prints "AFFINITY rank R cpus LIST" (Cpus_allowed_list after init)
 //!   mismatch       rank 1 calls all_reduce with another count; prints the error, exits 3
 //!   mismatch-big   the same, rank 1's count large (1M elements) and rank 0's small
 //!   die-before     rank 1 exits 7 before the collective; the others print their error, exit 3
@@ -253,6 +254,17 @@ fn main() {
                 c.local_rank(),
                 c.local_size()
             );
+        }
+        "affinity" => {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let cpus = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .unwrap_or("?")
+                .trim()
+                .to_string();
+            c.barrier().unwrap();
+            println!("AFFINITY rank {me} cpus {cpus}");
         }
         "allreduce" => {
             let count: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1 << 20);

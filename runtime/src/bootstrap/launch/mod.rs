@@ -3,9 +3,12 @@
 //!
 //! 1. `RAILRING_STORE_ADDR` (railrun, or anything imitating it): [`Launch::Store`]
 //!    ([`railrun`]).
-//! 2. With the `mpi` feature, an MPI launcher (`mpirun` / `mpiexec`, not railrun, not a plain
-//!    Slurm direct launch): [`Launch::Mpi`] ([`mpirun`]; the bootstrap itself is
-//!    [`crate::bootstrap::mpi`]).
+//! 2. An MPI launcher (`mpirun` / `mpiexec`, not railrun, not a plain Slurm direct launch):
+//!    with the `mpi` feature [`Launch::Mpi`] ([`mpirun`]; the bootstrap itself is
+//!    [`crate::bootstrap::mpi`]); without it [`Launch::Pmi`] when the launcher pre-connected a
+//!    PMI-1 socket (MPICH's `mpiexec`; [`crate::bootstrap::pmi`]), a world of one when it
+//!    started one rank, and otherwise an error that says what to do
+//!    ([`mpirun::without_mpi_feature`]).
 //! 3. A Slurm job step (`srun ./prog`), then torchrun-style `RANK`/`WORLD_SIZE`/`MASTER_ADDR`/
 //!    `MASTER_PORT` (torchrun first when it runs inside the step): [`Launch::HostedStore`]
 //!    ([`slurm`], [`torchrun`]; the job secret without a launcher: [`secret`]).
@@ -29,6 +32,16 @@ pub mod torchrun;
 use crate::error::{Error, Result};
 
 pub use slurm::{slurm_port, SLURM_PORT_BASE, SLURM_PORT_SPAN};
+
+/// A string every railring program carries (the bootstrap refers to it): railrun finds it in a
+/// program that links Open MPI to tell a railring program built with the `mpi` feature (which
+/// bootstraps from railrun's store) from an Open MPI program (which needs Open MPI's mpirun).
+pub const PROGRAM_MARKER: &str = "railring-program:bootstraps-from-railrun-store:v1";
+
+/// Keep [`PROGRAM_MARKER`] in the program's binary (called on every bootstrap path).
+pub fn keep_program_marker() {
+    std::hint::black_box(PROGRAM_MARKER.as_ptr());
+}
 
 /// How this process learned who it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +73,10 @@ pub enum Launch {
     /// Started by an MPI launcher (feature `mpi`): the store's address travels over MPI
     /// ([`crate::bootstrap::mpi`]). `source` names the variable that gave it away.
     Mpi { source: &'static str },
+    /// Started by a launcher that pre-connected a PMI-1 socket (`PMI_FD`, e.g. MPICH's
+    /// `mpiexec`): the store's address travels through its key-value space
+    /// ([`crate::bootstrap::pmi`]).
+    Pmi { rank: usize, size: usize, fd: i32 },
 }
 
 /// The environment, as a lookup function (tests pass a map).
@@ -80,10 +97,13 @@ pub fn detect(env: Env) -> Result<Detected> {
             warning: None,
         });
     }
-    #[cfg(feature = "mpi")]
     if let Some(source) = mpirun::launcher_of(env) {
+        #[cfg(feature = "mpi")]
+        let launch = Launch::Mpi { source };
+        #[cfg(not(feature = "mpi"))]
+        let launch = mpirun::without_mpi_feature(env, source)?;
         return Ok(Detected {
-            launch: Launch::Mpi { source },
+            launch,
             warning: None,
         });
     }
@@ -96,6 +116,7 @@ pub fn detect(env: Env) -> Result<Detected> {
 /// [`detect`] on this process's environment. A warning is printed loud on rank 0 (once per
 /// job) and quiet elsewhere.
 pub fn from_process_env() -> Result<Launch> {
+    keep_program_marker();
     let d = detect(&process_env)?;
     if let Some(w) = &d.warning {
         if matches!(d.launch, Launch::HostedStore { rank: 0, .. }) {

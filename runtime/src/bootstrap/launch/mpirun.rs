@@ -1,8 +1,10 @@
 //! Started by an MPI launcher (`mpirun` / `mpiexec` of Open MPI, MPICH, Intel MPI, or
 //! `srun --mpi=pmix` under some conditions) rather than by railrun: the variables that give it
-//! away, and the world size it announces.
+//! away, the world size it announces, the PMI-1 socket it may offer (MPICH's Hydra: `PMI_FD`),
+//! and what a program without the `mpi` feature does there ([`without_mpi_feature`]).
 
-use super::{get, Env};
+use super::{env_err, get, parse_u64, Env, Launch};
+use crate::error::Result;
 use crate::vars;
 
 /// Environment variables that say "this process was started by an MPI launcher".
@@ -42,10 +44,135 @@ pub fn world_size(env: Env) -> Option<(&'static str, usize)> {
         .find_map(|v| Some((v, get(env, v)?.trim().parse::<usize>().ok()?)))
 }
 
+/// The PMI-1 socket the launcher pre-connected: `PMI_FD`, with `PMI_RANK` and `PMI_SIZE`
+/// (Hydra, Flux, Slurm's PMI-1 plugin). `None` when `PMI_FD` is not set.
+pub fn pmi_fd(env: Env) -> Result<Option<Launch>> {
+    let Some(v) = get(env, "PMI_FD") else {
+        return Ok(None);
+    };
+    let fd = v
+        .trim()
+        .parse::<i32>()
+        .ok()
+        .filter(|&f| f >= 0)
+        .ok_or_else(|| env_err("PMI_FD", &v, "expected a file descriptor number"))?;
+    let need = "set by the launcher beside PMI_FD";
+    let rank = super::required_u64(env, "PMI_RANK", 1 << 24, need)? as usize;
+    let size = super::required_u64(env, "PMI_SIZE", 1 << 24, need)? as usize;
+    if size == 0 || rank >= size {
+        return Err(env_err(
+            "PMI_RANK",
+            &rank.to_string(),
+            format!("must be below PMI_SIZE={size}"),
+        ));
+    }
+    Ok(Some(Launch::Pmi { rank, size, fd }))
+}
+
+/// A program built without the `mpi` feature, started by an MPI launcher (`source` is the
+/// variable that says so): over the launcher's PMI-1 socket when it offers one, a world of one
+/// when the launcher started one rank, and otherwise an error that says what to do — never N
+/// separate worlds of one.
+pub fn without_mpi_feature(env: Env, source: &'static str) -> Result<Launch> {
+    if let Some(l) = pmi_fd(env)? {
+        return Ok(l);
+    }
+    let (var, n) =
+        match world_size(env) {
+            Some(x) => x,
+            None => {
+                let v = get(env, source).unwrap_or_default();
+                match parse_u64(env, "PMIX_SIZE", 1 << 24) {
+                    Ok(Some(n)) => ("PMIX_SIZE", n as usize),
+                    _ => return Err(env_err(
+                        source,
+                        &v,
+                        "started by an MPI launcher that does not say how many ranks it started \
+                         (no OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_SIZE)",
+                    )),
+                }
+            }
+        };
+    if n <= 1 {
+        return Ok(Launch::Alone);
+    }
+    let pmi_port = if get(env, "PMI_PORT").is_some() {
+        " (PMI_PORT is set: railring speaks PMI-1 only over a pre-connected PMI_FD, which is \
+         what MPICH's mpiexec gives by default)"
+    } else {
+        ""
+    };
+    Err(env_err(
+        var,
+        &n.to_string(),
+        format!(
+            "started by an MPI launcher ({n} ranks), but this program was built without \
+             railring's `mpi` feature and the launcher offers no PMI-1 socket (PMI_FD){pmi_port}: \
+             each rank would be a world of one. Rebuild with `--features mpi` to bootstrap over \
+             MPI under this mpirun (docs/mpi.md), or start the program with railrun"
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::testenv::env_of;
     use super::*;
+    use crate::error::Error;
+
+    #[test]
+    fn pmi_socket_and_the_program_without_mpi() {
+        let hydra = [("PMI_FD", "6"), ("PMI_RANK", "1"), ("PMI_SIZE", "2")];
+        assert_eq!(
+            without_mpi_feature(&env_of(&hydra), "PMI_RANK").unwrap(),
+            Launch::Pmi {
+                rank: 1,
+                size: 2,
+                fd: 6
+            }
+        );
+        for bad in [
+            [("PMI_FD", "x"), ("PMI_RANK", "1"), ("PMI_SIZE", "2")],
+            [("PMI_FD", "6"), ("PMI_RANK", "2"), ("PMI_SIZE", "2")],
+            [("PMI_FD", "6"), ("PMI_RANK", "1"), ("PMI_SIZE", "")],
+        ] {
+            assert!(matches!(
+                without_mpi_feature(&env_of(&bad), "PMI_RANK"),
+                Err(Error::Env { .. })
+            ));
+        }
+        // Open MPI's mpirun: no PMI-1 socket. One rank is a world of one; more is an error
+        // that says what to do.
+        let one = [("OMPI_COMM_WORLD_SIZE", "1"), ("PMIX_RANK", "0")];
+        assert_eq!(
+            without_mpi_feature(&env_of(&one), "OMPI_COMM_WORLD_SIZE").unwrap(),
+            Launch::Alone
+        );
+        let four = [("OMPI_COMM_WORLD_SIZE", "4"), ("PMIX_RANK", "2")];
+        let e = without_mpi_feature(&env_of(&four), "OMPI_COMM_WORLD_SIZE")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("OMPI_COMM_WORLD_SIZE")
+                && e.contains("--features mpi")
+                && e.contains("railrun"),
+            "{e}"
+        );
+        let e = without_mpi_feature(
+            &env_of(&[("PMIX_RANK", "0"), ("PMIX_SIZE", "3")]),
+            "PMIX_RANK",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("PMIX_SIZE"), "{e}");
+        let e = without_mpi_feature(
+            &env_of(&[("PMI_PORT", "h:1"), ("PMI_RANK", "0"), ("PMI_SIZE", "2")]),
+            "PMI_RANK",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("PMI_PORT"), "{e}");
+    }
 
     #[test]
     fn who_started_us() {

@@ -38,6 +38,18 @@ pub fn railrun(env: Env) -> Result<Option<Launch>> {
     }))
 }
 
+/// The CPUs railrun bound this rank to before exec (`RAILRING_BOUND_CPUS`), when it did; a
+/// value that does not parse is ignored (the runtime then binds as it would alone).
+pub fn bound_cpus(env: Env) -> Option<Vec<usize>> {
+    let v = get(env, vars::BOUND_CPUS)?;
+    if v.len() > 64 << 10 {
+        return None;
+    }
+    crate::topology::parse_cpulist(v.trim())
+        .ok()
+        .filter(|c| !c.is_empty())
+}
+
 fn required(env: Env, name: &str) -> Result<usize> {
     let v = get(env, name).ok_or_else(|| env_err(name, "", "not set"))?;
     v.trim()
@@ -60,6 +72,16 @@ mod tests {
         ("RAILRING_JOB_SECRET", "s"),
         ("RAILRING_JOB_ID", "j-1/x"),
     ];
+
+    #[test]
+    fn bound_cpus_from_railrun() {
+        assert_eq!(
+            bound_cpus(&env_of(&[("RAILRING_BOUND_CPUS", "0-2,5")])),
+            Some(vec![0, 1, 2, 5])
+        );
+        assert_eq!(bound_cpus(&env_of(&[("RAILRING_BOUND_CPUS", "x")])), None);
+        assert_eq!(bound_cpus(&env_of(&[])), None);
+    }
 
     #[test]
     fn railrun_env() {

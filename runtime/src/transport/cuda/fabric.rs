@@ -513,6 +513,13 @@ impl GpuFabric {
         let l = self.ranks.len();
         let me = self.me;
         let esz = dtype.size();
+        if mode == NodeMode::AllToAll {
+            return Err(Error::Plan(
+                "in-node all-to-all on device memory is not supported (device collectives are \
+                 all-reduces)"
+                    .into(),
+            ));
+        }
         if l == 1 {
             return Ok(());
         }
@@ -648,6 +655,7 @@ impl GpuFabric {
                     }
                 }
                 NodeMode::AllReduceSmall => unreachable!("rewritten above"),
+                NodeMode::AllToAll => unreachable!("refused above"),
             }
             self.flags.done(me).store(g, Ordering::Release);
         }

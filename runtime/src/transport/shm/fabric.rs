@@ -226,6 +226,11 @@ impl ShmFabric {
         if mode == NodeMode::AllReduce {
             return self.allreduce_chunks(&call, src, piece_cap, nchunks, stream);
         }
+        if mode == NodeMode::AllToAll && slices.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Err(Error::Plan(
+                "in-node all-to-all with blocks of different lengths".into(),
+            ));
+        }
         for c in 0..nchunks {
             self.gen += 1;
             let g = self.gen;
@@ -294,6 +299,21 @@ impl ShmFabric {
                             work.add(o),
                             n,
                         );
+                    }
+                }
+                NodeMode::AllToAll => {
+                    // peer j left the piece destined for us in its slot at our index
+                    for j in (0..l).filter(|&j| j != me) {
+                        let (o, n) = piece(j);
+                        copy_out(
+                            work.add(o),
+                            self.node.chunk_area(j, s).add(me * piece_cap),
+                            n,
+                        );
+                    }
+                    let (o, n) = piece(me);
+                    if !std::ptr::eq(src, work) {
+                        std::ptr::copy_nonoverlapping(src.add(o), work.add(o), n);
                     }
                 }
                 NodeMode::AllReduce | NodeMode::AllReduceSmall => {
