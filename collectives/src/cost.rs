@@ -476,7 +476,9 @@ impl RankView<'_> {
                     .filter(|(i, _)| Some(*i) != mine)
                     .map(|(_, s)| s.len as f64 * self.ds)
                     .sum();
-                let own = mine.and_then(|i| blocks.get(i)).map_or(0.0, |s| s.len as f64);
+                let own = mine
+                    .and_then(|i| blocks.get(i))
+                    .map_or(0.0, |s| s.len as f64);
                 if b > 0.0 {
                     node_sync(m, group.len()) + (2.0 * b + own * self.ds) / m.local.beta
                 } else {

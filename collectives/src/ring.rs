@@ -189,7 +189,8 @@ pub(crate) fn chain_pipeline(
     if n < 2 {
         return;
     }
-    let chunk_at = |j: isize| -> Option<Region> { (j >= 0 && (j as usize) < s).then(|| chunk(j as usize)) };
+    let chunk_at =
+        |j: isize| -> Option<Region> { (j >= 0 && (j as usize) < s).then(|| chunk(j as usize)) };
     for t in 0..(s + n - 2) as isize {
         let send = if q + 1 < n {
             chunk_at(t - q as isize).map(|r| (chain(q + 1), r))

@@ -251,9 +251,7 @@ pub fn reduce(layout: &Layout, rank: usize, count: usize, root: usize) -> Result
 pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
     let ctx = Ctx::new(layout, rank)?;
     let n = ctx.n;
-    let (node, _) = layout
-        .locate(rank)
-        .ok_or(PlanError::BadRank { rank, n })?;
+    let (node, _) = layout.locate(rank).ok_or(PlanError::BadRank { rank, n })?;
     let group = layout.nodes[node].clone();
     let mut steps = Vec::new();
     if count > 0 {
@@ -367,8 +365,8 @@ mod tests {
         for kind in [CollKind::ReduceScatter, CollKind::AllGather] {
             for rank in 0..9 {
                 let (node, local) = layout.locate(rank).unwrap();
-                let p = crate::build::build_plan(kind, Algo::TwoLevel, &layout, rank, 5, 0)
-                    .unwrap();
+                let p =
+                    crate::build::build_plan(kind, Algo::TwoLevel, &layout, rank, 5, 0).unwrap();
                 for st in &p.steps {
                     match st {
                         Step::Exchange { send, recv, .. } => {

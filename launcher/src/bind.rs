@@ -50,13 +50,17 @@ pub fn options(lookup: Lookup) -> Result<(Topology, BindOptions), String> {
         .map(PathBuf::from);
     let topo = Topology::discover_from(topo_file.as_deref()).map_err(|e| e.to_string())?;
     let m = mode(lookup)?;
-    let opts = BindOptions::from_values(
+    let mut opts = BindOptions::from_values(
         Some(m.as_str()),
         lookup(vars::NIC_MAP).as_deref(),
         lookup("CUDA_VISIBLE_DEVICES").as_deref(),
         process_allowed_cpus().ok(),
     )
     .map_err(|e| e.to_string())?;
+    // --map-by / --rank-by: how the ranks spread over cores, sockets, NUMA nodes.
+    if let Some(m) = lookup(vars::MAP_BY).filter(|v| !v.trim().is_empty()) {
+        opts.map = Some(railring::topology::NodeMap::parse(&m).map_err(|e| e.to_string())?);
+    }
     Ok((topo, opts))
 }
 

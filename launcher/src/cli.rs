@@ -26,7 +26,7 @@ pub enum Command {
     Version,
 }
 
-pub use crate::placement::MapBy;
+pub use crate::placement::{MapBy, RankBy};
 
 /// `--dry-run` / `--dry-run=json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +52,29 @@ pub struct RunOpts {
     pub hostfile: Option<PathBuf>,
     pub hosts: Option<String>,
     pub ppn: Option<usize>,
-    pub map_by: MapBy,
+    /// `--map-by` (`-N n`: `ppr:n:node`); `None`: the host source's family decides.
+    pub map_by: Option<MapBy>,
+    pub rank_by: Option<RankBy>,
     pub oversubscribe: bool,
+    /// `--nolocal`: no rank on this machine.
+    pub nolocal: bool,
+    /// `--display-map`: print the placement table on stdout, then run.
+    pub display_map: bool,
+    /// `-wdir` / `--wdir` / `-wd`: the ranks' working directory.
+    pub wdir: Option<PathBuf>,
+    /// `--merge-stderr-to-stdout`: rank stderr lines go to railrun's stdout.
+    pub merge_stderr: bool,
+    /// `-genvall` / `-envall` (Hydra): every variable of railrun's environment to every rank.
+    pub env_all: bool,
+    /// `--mca KEY VALUE` pairs, in order (see [`mca_effect`]).
+    pub mca: Vec<(String, String)>,
+    /// A Hydra-only option was given (`-f`, `-ppn`, `-genv`, `-env`, `-envlist`, `-genvall`...):
+    /// a hostfile of bare host names then follows Hydra's rules.
+    pub hydra_hint: bool,
+    /// What railrun tells the user before it starts: pasted options it ignores (warnings).
+    pub warnings: Vec<String>,
+    /// What pasted options became (said with `-v`).
+    pub notes: Vec<String>,
     pub dry_run: Option<DryRun>,
     pub report_bindings: bool,
     pub env: Vec<EnvSpec>,
@@ -77,8 +98,18 @@ impl Default for RunOpts {
             hostfile: None,
             hosts: None,
             ppn: None,
-            map_by: MapBy::Slot,
+            map_by: None,
+            rank_by: None,
             oversubscribe: false,
+            nolocal: false,
+            display_map: false,
+            wdir: None,
+            merge_stderr: false,
+            env_all: false,
+            mca: Vec::new(),
+            hydra_hint: false,
+            warnings: Vec::new(),
+            notes: Vec::new(),
             dry_run: None,
             report_bindings: false,
             env: Vec::new(),
@@ -125,16 +156,132 @@ pub fn parse_secs(opt: &str, v: &str) -> Result<Duration, CliError> {
     }
 }
 
-fn parse_map_by(v: &str) -> Result<MapBy, CliError> {
-    MapBy::parse(v).map_err(|e| CliError(e.to_string()))
-}
-
 fn parse_bind_to(v: &str) -> Result<BindTo, CliError> {
-    match v.to_ascii_lowercase().as_str() {
+    let t = v.to_ascii_lowercase();
+    let mut parts = t.split(':');
+    let mode = parts.next().unwrap_or("");
+    // Open MPI's modifiers only relax its checks; railring never refuses to overload a CPU.
+    for m in parts {
+        if !matches!(m, "overload-allowed" | "if-supported") {
+            return err(format!(
+                "--bind-to `{v}`: unknown modifier `{m}`; expected overload-allowed or if-supported"
+            ));
+        }
+    }
+    match mode {
         "none" => Ok(BindTo::None),
         "numa" => Ok(BindTo::Numa),
         "core" => Ok(BindTo::Core),
-        _ => err(format!("--bind-to `{v}`: expected none, numa or core")),
+        "socket" | "package" => Ok(BindTo::Socket),
+        "hwthread" => Ok(BindTo::Hwthread),
+        _ => err(format!(
+            "--bind-to `{v}`: expected none, hwthread, core, numa, socket or package"
+        )),
+    }
+}
+
+/// What railrun does with one `--mca KEY VALUE` (Open MPI's parameters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McaEffect {
+    /// Becomes this `-x VAR=VALUE` for every rank.
+    Env(&'static str, String),
+    /// Becomes `--ssh VALUE`.
+    Ssh(String),
+    /// Meaningless for railring (Open MPI's own machinery).
+    Ignored,
+    /// Would mean something, but not in a form railring has: the reason.
+    Unsupported(String),
+}
+
+/// The `--mca` parameters railrun honours (documented in docs/railrun.md):
+///
+/// | key | becomes |
+/// |---|---|
+/// | `btl_tcp_if_include` | `RAILRING_SOCKET_IFNAME==LIST` (exact names) |
+/// | `btl_tcp_if_exclude` | `RAILRING_SOCKET_IFNAME=^=LIST` |
+/// | `oob_tcp_if_include` / `_exclude` | the same, unless a `btl_tcp_if_*` is given |
+/// | `plm_rsh_agent` | `--ssh VALUE` (unless `--ssh` is given) |
+///
+/// Every other key is ignored with one warning listing them.
+pub fn mca_effect(key: &str, value: &str) -> McaEffect {
+    let ifaces = |exclude: bool| {
+        if value.contains('/') {
+            return McaEffect::Unsupported(format!(
+                "railring picks rail interfaces by name, not by subnet ({value}); use -x RAILRING_SOCKET_IFNAME=NAMES"
+            ));
+        }
+        let list: Vec<&str> = value
+            .split(',')
+            .map(str::trim)
+            .filter(|x| !x.is_empty())
+            .collect();
+        if list.is_empty() {
+            return McaEffect::Unsupported("an empty interface list".into());
+        }
+        let prefix = if exclude { "^=" } else { "=" };
+        McaEffect::Env(
+            railring::vars::SOCKET_IFNAME,
+            format!("{prefix}{}", list.join(",")),
+        )
+    };
+    match key {
+        "btl_tcp_if_include" | "oob_tcp_if_include" => ifaces(false),
+        "btl_tcp_if_exclude" | "oob_tcp_if_exclude" => ifaces(true),
+        "plm_rsh_agent" | "orte_rsh_agent" | "pml_rsh_agent" => McaEffect::Ssh(value.to_string()),
+        _ => McaEffect::Ignored,
+    }
+}
+
+/// Turn the `--mca` pairs into `-x` variables, `--ssh`, warnings and notes.
+fn apply_mca(o: &mut RunOpts) {
+    let mut ignored = Vec::new();
+    let mut seen_btl_if = false;
+    let pairs = o.mca.clone();
+    for (k, _) in &pairs {
+        seen_btl_if |= k.starts_with("btl_tcp_if_");
+    }
+    for (k, v) in &pairs {
+        let shown = format!("{k}={v}");
+        match mca_effect(k, v) {
+            McaEffect::Env(var, val) => {
+                if k.starts_with("oob_") && seen_btl_if {
+                    o.notes.push(format!(
+                        "--mca {shown}: the btl_tcp_if_* setting chooses the rails instead"
+                    ));
+                    continue;
+                }
+                if o.env.iter().any(|e| e.name == var) {
+                    o.warnings
+                        .push(format!("--mca {shown}: -x {var} is given too; it wins"));
+                    continue;
+                }
+                o.notes
+                    .push(format!("--mca {shown}: every rank gets {var}={val}"));
+                o.env.push(EnvSpec {
+                    name: var.to_string(),
+                    value: Some(val),
+                });
+            }
+            McaEffect::Ssh(cmd) => {
+                if o.ssh.is_some() {
+                    o.warnings
+                        .push(format!("--mca {shown}: --ssh is given too; it wins"));
+                } else {
+                    o.notes.push(format!("--mca {shown}: used as --ssh"));
+                    o.ssh = Some(cmd);
+                }
+            }
+            McaEffect::Ignored => ignored.push(shown),
+            McaEffect::Unsupported(why) => {
+                o.warnings.push(format!("--mca {shown}: not used: {why}"))
+            }
+        }
+    }
+    if !ignored.is_empty() {
+        o.warnings.push(format!(
+            "--mca: ignoring {}: Open MPI parameters that have no railring counterpart (docs/railrun.md lists the ones railrun honours)",
+            ignored.join(", ")
+        ));
     }
 }
 
@@ -206,10 +353,39 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
                 Some(_) => err(format!("option `{name}` takes no value (got `{a}`)")),
             }
         };
+        // Options that take two values (`--mca KEY VALUE`, `-genv NAME VALUE`).
+        let two = |i: &mut usize| -> Result<(String, String), CliError> {
+            if inline.is_some() {
+                return err(format!(
+                    "option `{name}` takes two values: `-{name} KEY VALUE` (got `{a}`)"
+                ));
+            }
+            match (args.get(*i + 1), args.get(*i + 2)) {
+                (Some(k), Some(v)) => {
+                    *i += 2;
+                    Ok((k.clone(), v.clone()))
+                }
+                _ => err(format!("option `{a}` needs two values: `{a} KEY VALUE`")),
+            }
+        };
+        if matches!(
+            name,
+            "f" | "ppn" | "genv" | "env" | "genvlist" | "envlist" | "genvall" | "envall"
+        ) {
+            o.hydra_hint = true;
+        }
         match name {
             "np" | "n" | "c" => o.np = Some(parse_count(a, &value(&mut i)?)?),
             "hostfile" | "machinefile" | "f" | "default-hostfile" => {
-                o.hostfile = Some(PathBuf::from(value(&mut i)?))
+                let v = PathBuf::from(value(&mut i)?);
+                if let Some(prev) = &o.hostfile {
+                    return err(format!(
+                        "a hostfile is given twice (`{}`, then `{}` with `{a}`): railrun reads one hostfile; put the hosts in one file",
+                        prev.display(),
+                        v.display()
+                    ));
+                }
+                o.hostfile = Some(v)
             }
             "H" | "host" | "hosts" => {
                 let v = value(&mut i)?;
@@ -218,15 +394,86 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
                     None => v,
                 });
             }
-            "ppn" | "npernode" | "N" => o.ppn = Some(parse_count(a, &value(&mut i)?)?),
-            "map-by" => o.map_by = parse_map_by(&value(&mut i)?)?,
+            "ppn" => o.ppn = Some(parse_count(a, &value(&mut i)?)?),
+            "npernode" | "N" => {
+                let n = parse_count(a, &value(&mut i)?)?;
+                set_map(&mut o, a, MapBy::PprNode(n))?
+            }
+            "map-by" => {
+                let v = value(&mut i)?;
+                let (m, over) =
+                    MapBy::parse_with_modifiers(&v).map_err(|e| CliError(e.to_string()))?;
+                if over == Some(true) {
+                    o.oversubscribe = true;
+                }
+                set_map(&mut o, a, m)?
+            }
+            "rank-by" => {
+                o.rank_by =
+                    Some(RankBy::parse(&value(&mut i)?).map_err(|e| CliError(e.to_string()))?)
+            }
             "bynode" => {
                 flag(&inline)?;
-                o.map_by = MapBy::Node
+                set_map(&mut o, a, MapBy::Node)?
             }
             "byslot" => {
                 flag(&inline)?;
-                o.map_by = MapBy::Slot
+                set_map(&mut o, a, MapBy::Slot)?
+            }
+            "nolocal" => {
+                flag(&inline)?;
+                o.nolocal = true
+            }
+            "display-map" => {
+                flag(&inline)?;
+                o.display_map = true
+            }
+            "allow-run-as-root" => flag(&inline)?,
+            "merge-stderr-to-stdout" => {
+                flag(&inline)?;
+                o.merge_stderr = true
+            }
+            "wdir" | "wd" => {
+                let v = value(&mut i)?;
+                if v.is_empty() {
+                    return err(format!("{a}: expected a directory"));
+                }
+                o.wdir = Some(PathBuf::from(v))
+            }
+            "mca" | "gmca" => {
+                let (k, v) = two(&mut i)?;
+                o.mca.push((k, v))
+            }
+            "genv" | "env" => {
+                let (k, v) = two(&mut i)?;
+                if !valid_env_name(&k) || v.contains('\0') {
+                    return err(format!(
+                        "{a} `{k}` `{v}`: expected {a} NAME VALUE (for NAME=VALUE use -x)"
+                    ));
+                }
+                o.env.push(EnvSpec {
+                    name: k,
+                    value: Some(v),
+                })
+            }
+            "genvlist" | "envlist" => {
+                for n in value(&mut i)?
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                {
+                    if !valid_env_name(n) {
+                        return err(format!("{a}: `{n}` is not a variable name"));
+                    }
+                    o.env.push(EnvSpec {
+                        name: n.to_string(),
+                        value: None,
+                    })
+                }
+            }
+            "genvall" | "envall" => {
+                flag(&inline)?;
+                o.env_all = true
             }
             "oversubscribe" => {
                 flag(&inline)?;
@@ -289,7 +536,27 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
     if o.program.is_empty() {
         return err("the program name is empty");
     }
+    if o.ppn.is_some() && o.map_by.is_some_and(|m| m != MapBy::Slot) {
+        return err(format!(
+            "--ppn and --map-by {} (or -N) both say how many ranks go on a host; use one of them",
+            o.map_by.unwrap_or_default()
+        ));
+    }
+    apply_mca(&mut o);
     Ok(Command::Run(Box::new(o)))
+}
+
+/// `--map-by` / `-N` / `--bynode` / `--byslot`: at most one mapping.
+fn set_map(o: &mut RunOpts, opt: &str, m: MapBy) -> Result<(), CliError> {
+    if let Some(prev) = o.map_by {
+        if prev != m {
+            return err(format!(
+                "{opt} asks for mapping `{m}` but `{prev}` was already given; use one of --map-by, -N/--npernode, --bynode, --byslot"
+            ));
+        }
+    }
+    o.map_by = Some(m);
+    Ok(())
 }
 
 /// `railrun --agent [-v]...`: the arguments after `--agent`.
@@ -397,22 +664,39 @@ Placement:
   --hostfile F, -hostfile F, --machinefile F, -machinefile F, -f F
                            Open MPI (`host slots=N`) or Hydra (`host:N`) hostfile
   -H LIST, --host LIST     hosts `a,b:2,user@c`; with --hostfile: a subset of it
-  --ppn N, -ppn N          ranks per node
-  --map-by slot|node|ppr:N:node
-                           fill hosts slot by slot (default), round-robin over
-                           hosts, or N ranks per node
+  --ppn N, -ppn N          ranks per node, consecutive, wrapping around (Hydra)
+  -N N, --npernode N       N ranks per node (= --map-by ppr:N:node)
+  --map-by slot|node|seq|core|socket|numa|ppr:N:node|ppr:N:socket|ppr:N:numa
+                           fill hosts slot by slot (default; a Hydra hostfile
+                           cycles over its lines), round-robin over hosts, one
+                           rank per hostfile line, by object, or N per object
+                           (`:oversubscribe` allowed after it)
+  --rank-by slot|node|core|socket|numa
+                           how ranks are numbered over the mapped hosts
   --oversubscribe          allow more ranks than slots
+  --nolocal                no rank on this machine
   --dry-run                print the placement table and start nothing
   --dry-run=json           the same as JSON
+  --display-map            print the placement table on stdout, then run
   --report-bindings        print each rank's GPU / NIC(s) / CPUs before starting
-  --bind-to none|numa|core passed to ranks as RAILRING_BIND_TO
+  --bind-to none|hwthread|core|numa|socket|package
+                           passed to ranks as RAILRING_BIND_TO (default: the
+                           --map-by object, else numa)
 
 Environment and I/O:
   -x VAR                   forward VAR's value from railrun's environment
   -x VAR=value             set VAR for every rank (repeatable)
+  -genv VAR VALUE, -env VAR VALUE, -envlist A,B, -genvall
+                           Hydra's spellings: set, forward named, forward all
+  --mca KEY VALUE          Open MPI parameters: btl_tcp_if_include/exclude and
+                           oob_tcp_if_* choose the rails (RAILRING_SOCKET_IFNAME),
+                           plm_rsh_agent is --ssh; the others are ignored (warned)
+  -wdir DIR, --wdir DIR    the ranks' working directory (railrun moves there)
   --tag-output             prefix every output line with `[rank] `
+  --merge-stderr-to-stdout rank stderr lines go to railrun's stdout
   --output-dir DIR         write DIR/rank.N.out per rank instead of the terminal
                            railrun's stdin goes to rank 0; other ranks get /dev/null
+  --allow-run-as-root      accepted (railrun runs as root without it)
 
 Remote nodes:
   --ssh \"CMD\"              remote shell command (default: ssh; env RAILRUN_SSH),
@@ -434,7 +718,8 @@ RAILRUN_HEARTBEAT (seconds of silence after which a node counts as lost; default
 Exit status: 0 if every rank exited 0; otherwise the first failing rank's code
 (128+N for a signal N); 124 after --timeout; 130/143/129 when railrun got
 SIGINT/SIGTERM/SIGHUP; 127 when the program cannot be found/started; 255 when
-a node's agent could not be reached or was lost; 1 for a bad host source or
+a node's agent could not be reached or was lost; 141 when railrun's stdout or
+stderr was closed by its reader (`| head`); 1 for a bad host source or
 placement; 2 for a bad command line.
 ";
 
@@ -460,7 +745,7 @@ mod tests {
         );
         assert_eq!(o.np, Some(4));
         assert_eq!(o.hostfile, Some(PathBuf::from("hf")));
-        assert_eq!(o.map_by, MapBy::PprNode(2));
+        assert_eq!(o.map_by, Some(MapBy::PprNode(2)));
         assert_eq!(
             o.env,
             vec![
@@ -489,12 +774,12 @@ mod tests {
         assert_eq!(o.bind_to, Some(BindTo::Core));
         assert_eq!(o.verbose, 2);
 
-        let o = run("-n 3 -f m --machinefile m2 -- -weird-prog x");
+        let o = run("-n 3 --machinefile m2 -- -weird-prog x");
         assert_eq!(o.hostfile, Some(PathBuf::from("m2")));
         assert_eq!(o.program, "-weird-prog");
         assert_eq!(o.args, vec!["x"]);
-        assert_eq!(run("--map-by node p").map_by, MapBy::Node);
-        assert_eq!(run("-map-by slot p").map_by, MapBy::Slot);
+        assert_eq!(run("--map-by node p").map_by, Some(MapBy::Node));
+        assert_eq!(run("-map-by slot p").map_by, Some(MapBy::Slot));
         assert_eq!(run("--dry-run p").dry_run, Some(DryRun::Table));
         assert_eq!(run("p").connect_timeout, DEFAULT_CONNECT_TIMEOUT);
     }
@@ -520,7 +805,18 @@ mod tests {
             "-np x prog",
             "-np 0 prog",
             "--frob prog",
-            "--map-by ppr:2:socket p",
+            "--map-by ppr:2:board p",
+            "--map-by ppr:1:node:pe=2 p",
+            "--rank-by board p",
+            "--bind-to core:frob p",
+            "--map-by node -N 2 p",
+            "--ppn 2 --map-by node p",
+            "-genv A p",
+            "-genv A=B C p",
+            "--mca k",
+            "-wdir= p",
+            "--nolocal=1 p",
+            "-envlist 1A p",
             "--map-by x p",
             "--timeout 0 p",
             "--timeout nan p",
@@ -538,6 +834,137 @@ mod tests {
         }
         let e = p("--frob p").unwrap_err().to_string();
         assert!(e.contains("--frob"), "{e}");
+        // A second hostfile is an error naming both, whichever spelling brings it.
+        for twice in [
+            "--hostfile a --hostfile b p",
+            "-f a --machinefile b p",
+            "-hostfile a -default-hostfile=b p",
+        ] {
+            let e = p(twice).unwrap_err().to_string();
+            assert!(
+                e.contains("`a`") && e.contains("`b`") && e.contains("one hostfile"),
+                "{twice}: {e}"
+            );
+        }
+    }
+
+    /// Lines pasted from real mpirun / mpiexec (Hydra) scripts parse, and become what they
+    /// mean to railring.
+    #[test]
+    fn pasted_open_mpi_lines() {
+        let o = run("--allow-run-as-root --mca btl ^openib --mca btl_tcp_if_include eth1,eth2 -mca pml ob1 --mca plm_rsh_agent rsh -np 4 --bind-to socket --map-by ppr:2:socket --rank-by core --report-bindings --merge-stderr-to-stdout --display-map --nolocal -wdir /tmp ./a.out x");
+        assert_eq!(o.np, Some(4));
+        assert_eq!(o.bind_to, Some(BindTo::Socket));
+        assert_eq!(
+            o.map_by,
+            Some(MapBy::PprObj(2, crate::placement::NodeObj::Socket))
+        );
+        assert_eq!(
+            o.rank_by,
+            Some(RankBy::Obj(crate::placement::NodeObj::Core))
+        );
+        assert!(o.report_bindings && o.merge_stderr && o.display_map && o.nolocal);
+        assert_eq!(o.wdir, Some(PathBuf::from("/tmp")));
+        assert_eq!(
+            (o.program.as_str(), o.args.as_slice()),
+            ("./a.out", &["x".to_string()][..])
+        );
+        // honoured --mca: the rail interfaces, the remote shell
+        assert_eq!(
+            o.env,
+            vec![EnvSpec {
+                name: "RAILRING_SOCKET_IFNAME".into(),
+                value: Some("=eth1,eth2".into())
+            }]
+        );
+        assert_eq!(o.ssh.as_deref(), Some("rsh"));
+        // ... the others are listed in one warning
+        assert_eq!(o.warnings.len(), 1, "{:?}", o.warnings);
+        assert!(
+            o.warnings[0].contains("btl=^openib") && o.warnings[0].contains("pml=ob1"),
+            "{:?}",
+            o.warnings
+        );
+        assert!(!o.hydra_hint);
+
+        let o = run("--mca btl_tcp_if_exclude lo,docker0 --mca oob_tcp_if_include eth0 -x RAILRING_DEBUG=INFO -N 2 p");
+        assert_eq!(o.env.len(), 2, "{:?}", o.env);
+        assert_eq!(o.env[1].name, "RAILRING_SOCKET_IFNAME");
+        assert_eq!(o.env[1].value.as_deref(), Some("^=lo,docker0"));
+        assert_eq!(o.map_by, Some(MapBy::PprNode(2)));
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    }
+
+    #[test]
+    fn pasted_hydra_lines() {
+        let o = run("-f hosts -ppn 2 -genv OMP_NUM_THREADS 4 -env A b -envlist PATH,HOME -genvall -wdir /scratch ./a.out");
+        assert!(o.hydra_hint && o.env_all);
+        assert_eq!(o.ppn, Some(2));
+        assert_eq!(o.hostfile, Some(PathBuf::from("hosts")));
+        let env: Vec<(String, Option<String>)> = o
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        assert_eq!(
+            env,
+            vec![
+                ("OMP_NUM_THREADS".into(), Some("4".into())),
+                ("A".into(), Some("b".into())),
+                ("PATH".into(), None),
+                ("HOME".into(), None),
+            ]
+        );
+        assert_eq!(o.wdir, Some(PathBuf::from("/scratch")));
+    }
+
+    #[test]
+    fn mca_table() {
+        assert_eq!(
+            mca_effect("btl_tcp_if_include", "eth0, ib0"),
+            McaEffect::Env("RAILRING_SOCKET_IFNAME", "=eth0,ib0".into())
+        );
+        assert!(matches!(
+            mca_effect("btl_tcp_if_include", "10.0.0.0/8"),
+            McaEffect::Unsupported(_)
+        ));
+        assert_eq!(
+            mca_effect("plm_rsh_agent", "rsh"),
+            McaEffect::Ssh("rsh".into())
+        );
+        assert_eq!(mca_effect("mpi_yield_when_idle", "1"), McaEffect::Ignored);
+        // -x beats --mca; btl beats oob.
+        let o = run("-x RAILRING_SOCKET_IFNAME=rail --mca btl_tcp_if_include eth0 p");
+        assert_eq!(o.env.len(), 1);
+        assert!(
+            o.warnings[0].contains("-x RAILRING_SOCKET_IFNAME"),
+            "{:?}",
+            o.warnings
+        );
+        let o = run("--mca oob_tcp_if_include mgmt0 --mca btl_tcp_if_include rail0 p");
+        assert_eq!(o.env.len(), 1);
+        assert_eq!(o.env[0].value.as_deref(), Some("=rail0"));
+        assert!(o.warnings.is_empty(), "{:?}", o.warnings);
+    }
+
+    #[test]
+    fn npernode_and_map_modifiers() {
+        assert_eq!(run("-N 2 p").map_by, Some(MapBy::PprNode(2)));
+        assert_eq!(run("--npernode 3 p").map_by, Some(MapBy::PprNode(3)));
+        assert_eq!(run("-ppn 3 p").ppn, Some(3));
+        let o = run("--map-by node:oversubscribe p");
+        assert_eq!((o.map_by, o.oversubscribe), (Some(MapBy::Node), true));
+        assert_eq!(run("--map-by seq p").map_by, Some(MapBy::Seq));
+        assert_eq!(run("--rank-by span p").rank_by, Some(RankBy::Node));
+        assert_eq!(run("--bind-to hwthread p").bind_to, Some(BindTo::Hwthread));
+        assert_eq!(
+            run("--bind-to package:overload-allowed p").bind_to,
+            Some(BindTo::Socket)
+        );
+        assert_eq!(
+            run("-N 2 --map-by ppr:2:node p").map_by,
+            Some(MapBy::PprNode(2))
+        );
     }
 
     #[test]

@@ -10,9 +10,24 @@
 //!   whose slots are full. Same hosts give `a b a b`.
 //! * `--map-by ppr:N:node`: N consecutive ranks per host; `-np` may not
 //!   exceed N × hosts.
+//! * `--map-by ppr:N:socket` / `ppr:N:package` / `ppr:N:numa`: N ranks per socket (NUMA node)
+//!   of a host, i.e. `ppr:N×S:node` where S is the host's socket (NUMA node) count; railrun
+//!   counts this machine's and the runtime checks every node's at start.
+//! * `--map-by core` / `socket` / `numa`: hosts fill slot by slot as with `slot`; inside a
+//!   node ranks go one per core / round-robin over sockets / NUMA nodes (the runtime's
+//!   binding, `RAILRING_MAP_BY`).
+//! * `--map-by seq`: rank i on the host of line i of the hostfile (or item i of `-H`);
+//!   slot counts are ignored and `-np` may not exceed the lines.
 //! * `--ppn N` (Hydra `-ppn`): N consecutive ranks per host, then the next
 //!   host, wrapping around to the first host. Like Hydra it ignores slot
 //!   counts; only `max_slots` limits it.
+//! * A Hydra hostfile (`host:N` syntax, [`Family::Hydra`]) without `--map-by`: each line
+//!   takes its count (1 without one) of consecutive ranks, then the next line, cycling over
+//!   the lines until every rank has a host, as Hydra does; slot counts never stop it.
+//! * `--rank-by slot|fill` numbers each host's ranks consecutively (host by host);
+//!   `--rank-by node|span` deals ranks round-robin over the hosts; `core`, `socket`, `numa`,
+//!   `package` and `hwthread` number host by host like `slot` (inside a node they order the
+//!   ranks over those objects, `RAILRING_MAP_BY`). Without it, ranks follow the mapping.
 //! * Without `-np`: np = total slots (slot/node), or N × hosts (ppr, ppn).
 //! * More ranks than slots is an error naming requested vs available, unless
 //!   `--oversubscribe` or the host source is the implicit localhost. When
@@ -26,10 +41,29 @@ use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
 
-use crate::host_source::{HostEntry, HostSource};
+use crate::host_source::{Family, HostEntry, HostSource};
 
 /// Most ranks one job may have.
 pub const MAX_RANKS: usize = 1_000_000;
+
+/// An object inside a node that `--map-by` / `--rank-by` may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeObj {
+    Core,
+    /// A socket (Open MPI also says `package`).
+    Socket,
+    Numa,
+}
+
+impl NodeObj {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeObj::Core => "core",
+            NodeObj::Socket => "socket",
+            NodeObj::Numa => "numa",
+        }
+    }
+}
 
 /// `--map-by` policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -41,31 +75,83 @@ pub enum MapBy {
     Node,
     /// `ppr:N:node`: N ranks per host.
     PprNode(usize),
+    /// `ppr:N:socket` / `ppr:N:numa`: N ranks per socket (NUMA node) of each host.
+    PprObj(usize, NodeObj),
+    /// `core`, `socket`, `numa`: hosts by slot; inside a node one rank per core, or
+    /// round-robin over sockets / NUMA nodes.
+    Obj(NodeObj),
+    /// `seq`: rank i on line i of the hostfile.
+    Seq,
 }
 
 impl MapBy {
-    /// Parse `slot`, `node`, `ppr:N:node` (case-insensitive; `byslot` and
-    /// `bynode` also accepted).
-    pub fn parse(s: &str) -> Result<MapBy, PlacementError> {
+    /// Parse `slot`, `node`, `ppr:N:node`, `ppr:N:socket`, `ppr:N:package`, `ppr:N:numa`,
+    /// `core`, `socket`, `package`, `numa`, `seq` (case-insensitive; `byslot`, `bynode`,
+    /// `hwthread` as `core`... no: see the docs), with Open MPI's modifiers after a colon:
+    /// `:oversubscribe` / `:nooversubscribe` (returned as `Some(bool)`). `:PE=n` and the
+    /// others are refused with a message.
+    pub fn parse_with_modifiers(s: &str) -> Result<(MapBy, Option<bool>), PlacementError> {
         let bad = || PlacementError::BadMapBy(s.chars().take(60).collect());
         let t = s.trim().to_ascii_lowercase();
-        match t.as_str() {
-            "slot" | "byslot" => Ok(MapBy::Slot),
-            "node" | "bynode" => Ok(MapBy::Node),
-            _ => {
-                let mut it = t.split(':');
-                match (it.next(), it.next(), it.next(), it.next()) {
-                    (Some("ppr"), Some(n), Some("node"), None)
-                        if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) =>
-                    {
-                        match n.parse::<usize>() {
-                            Ok(v) if (1..=MAX_RANKS).contains(&v) => Ok(MapBy::PprNode(v)),
-                            _ => Err(bad()),
-                        }
-                    }
-                    _ => Err(bad()),
+        let mut parts: Vec<&str> = t.split(':').collect();
+        let mut over = None;
+        // Trailing modifiers (Open MPI: `--map-by node:OVERSUBSCRIBE`).
+        while parts.len() > 1 {
+            match *parts.last().unwrap_or(&"") {
+                "oversubscribe" => over = Some(true),
+                "nooversubscribe" => over = Some(false),
+                m if m.starts_with("pe=")
+                    || matches!(
+                        m,
+                        "span" | "nolocal" | "display" | "displaydevel" | "hwtcpus"
+                    ) =>
+                {
+                    return Err(PlacementError::MapByModifier {
+                        spec: s.chars().take(60).collect(),
+                        modifier: m.to_string(),
+                    })
                 }
+                _ => break,
             }
+            parts.pop();
+        }
+        let num = |n: &str| -> Result<usize, PlacementError> {
+            if n.is_empty() || !n.bytes().all(|c| c.is_ascii_digit()) {
+                return Err(bad());
+            }
+            match n.parse::<usize>() {
+                Ok(v) if (1..=MAX_RANKS).contains(&v) => Ok(v),
+                _ => Err(bad()),
+            }
+        };
+        let m = match parts.as_slice() {
+            ["slot" | "byslot"] => MapBy::Slot,
+            ["node" | "bynode"] => MapBy::Node,
+            ["seq"] => MapBy::Seq,
+            ["core" | "bycore"] => MapBy::Obj(NodeObj::Core),
+            ["socket" | "package" | "bysocket"] => MapBy::Obj(NodeObj::Socket),
+            ["numa"] => MapBy::Obj(NodeObj::Numa),
+            ["ppr", n, "node"] => MapBy::PprNode(num(n)?),
+            ["ppr", n, "socket" | "package"] => MapBy::PprObj(num(n)?, NodeObj::Socket),
+            ["ppr", n, "numa"] => MapBy::PprObj(num(n)?, NodeObj::Numa),
+            _ => return Err(bad()),
+        };
+        Ok((m, over))
+    }
+
+    /// Parse a `--map-by` value without modifiers (see [`MapBy::parse_with_modifiers`]).
+    pub fn parse(s: &str) -> Result<MapBy, PlacementError> {
+        match MapBy::parse_with_modifiers(s)? {
+            (m, None) => Ok(m),
+            (_, Some(_)) => Err(PlacementError::BadMapBy(s.chars().take(60).collect())),
+        }
+    }
+
+    /// The object this mapping binds to by default (Open MPI: `--map-by X` binds to X).
+    pub fn bind_object(self) -> Option<NodeObj> {
+        match self {
+            MapBy::Obj(o) | MapBy::PprObj(_, o) => Some(o),
+            _ => None,
         }
     }
 }
@@ -83,7 +169,61 @@ impl fmt::Display for MapBy {
             MapBy::Slot => write!(f, "slot"),
             MapBy::Node => write!(f, "node"),
             MapBy::PprNode(n) => write!(f, "ppr:{n}:node"),
+            MapBy::PprObj(n, o) => write!(f, "ppr:{n}:{}", o.as_str()),
+            MapBy::Obj(o) => f.write_str(o.as_str()),
+            MapBy::Seq => write!(f, "seq"),
         }
+    }
+}
+
+/// `--rank-by` policy: how ranks are numbered once the mapping decided each host's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankBy {
+    /// Host by host, consecutive ranks on each (`slot`, `fill`).
+    Slot,
+    /// Round-robin over the hosts (`node`, `span`).
+    Node,
+    /// Host by host; inside a node over these objects (`core`, `hwthread`: in core order;
+    /// `socket`/`package`, `numa`: round-robin over them).
+    Obj(NodeObj),
+}
+
+impl RankBy {
+    /// Parse `slot`, `fill`, `node`, `span`, `core`, `hwthread`, `socket`, `package`, `numa`.
+    pub fn parse(s: &str) -> Result<RankBy, PlacementError> {
+        let t = s.trim().to_ascii_lowercase();
+        Ok(match t.split(':').next().unwrap_or("") {
+            "slot" | "fill" | "byslot" => RankBy::Slot,
+            "node" | "span" | "bynode" => RankBy::Node,
+            "core" | "hwthread" => RankBy::Obj(NodeObj::Core),
+            "socket" | "package" => RankBy::Obj(NodeObj::Socket),
+            "numa" => RankBy::Obj(NodeObj::Numa),
+            _ => return Err(PlacementError::BadRankBy(s.chars().take(60).collect())),
+        })
+    }
+}
+
+/// How ranks spread over the objects of one node (`RAILRING_MAP_BY`, read by the runtime's
+/// binding), from `--map-by` and `--rank-by`; `None`: the runtime's own rule (GPU, else
+/// round-robin over NUMA nodes).
+pub fn node_spread(map_by: Option<MapBy>, rank_by: Option<RankBy>) -> Option<String> {
+    let rr = |o: NodeObj| Some(o.as_str().to_string());
+    let fill = |o: NodeObj| Some(format!("{}:fill", o.as_str()));
+    match (map_by, rank_by) {
+        (Some(MapBy::PprObj(_, _)), Some(RankBy::Obj(o @ (NodeObj::Socket | NodeObj::Numa)))) => {
+            rr(o)
+        }
+        (Some(MapBy::PprObj(n, o)), _) => Some(format!("ppr:{n}:{}", o.as_str())),
+        (
+            Some(MapBy::Obj(NodeObj::Core)),
+            Some(RankBy::Obj(o @ (NodeObj::Socket | NodeObj::Numa))),
+        ) => rr(o),
+        (Some(MapBy::Obj(NodeObj::Core)), _) => Some("core".into()),
+        (Some(MapBy::Obj(o)), Some(RankBy::Slot | RankBy::Obj(NodeObj::Core))) => fill(o),
+        (Some(MapBy::Obj(o)), _) => rr(o),
+        (_, Some(RankBy::Obj(o @ (NodeObj::Socket | NodeObj::Numa)))) => rr(o),
+        (_, Some(RankBy::Obj(NodeObj::Core))) => Some("core".into()),
+        _ => None,
     }
 }
 
@@ -94,10 +234,17 @@ pub struct PlacementRequest {
     pub np: Option<usize>,
     /// `--ppn/-ppn`: ranks per host, consecutive, wrapping around.
     pub ppn: Option<usize>,
-    /// `--map-by`.
-    pub map_by: MapBy,
+    /// `--map-by`; `None`: the host source's family decides (Hydra hostfiles cycle over
+    /// their lines, everything else fills by slot).
+    pub map_by: Option<MapBy>,
+    /// `--rank-by`.
+    pub rank_by: Option<RankBy>,
     /// `--oversubscribe`.
     pub oversubscribe: bool,
+    /// Sockets and NUMA nodes per host, for `ppr:N:socket` / `ppr:N:numa` (railrun counts
+    /// this machine's).
+    pub sockets: Option<usize>,
+    pub numas: Option<usize>,
 }
 
 /// Where one rank runs.
@@ -206,8 +353,20 @@ impl Placement {
 /// is started.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlacementError {
-    #[error("--map-by `{0}`: unsupported; expected `slot`, `node` or `ppr:N:node` (N >= 1)")]
+    #[error("--map-by `{0}`: unsupported; expected slot, node, seq, core, socket, package, numa or ppr:N:node|socket|package|numa (N >= 1), optionally followed by :oversubscribe")]
     BadMapBy(String),
+    #[error("--map-by `{spec}`: the modifier `{modifier}` is not supported by railrun; leave it out (bindings: --bind-to)")]
+    MapByModifier { spec: String, modifier: String },
+    #[error("--rank-by `{0}`: unsupported; expected slot, fill, node, span, core, hwthread, socket, package or numa")]
+    BadRankBy(String),
+    #[error("--map-by {map}: the number of {what} per host is unknown (this machine's topology could not be read); use --map-by ppr:N:node")]
+    UnknownObjects { map: String, what: &'static str },
+    #[error("--map-by seq: {requested} ranks requested but the {from} lists {lines} host line(s) (one rank per line)")]
+    SeqTooManyRanks {
+        requested: usize,
+        lines: usize,
+        from: String,
+    },
     #[error("-np 0: expected at least 1 rank")]
     ZeroRanks,
     #[error("--ppn 0: expected at least 1 rank per host")]
@@ -232,15 +391,17 @@ pub enum PlacementError {
         nhosts: usize,
         summary: String,
     },
-    #[error("--map-by ppr:{per_node}:node on {nhosts} host(s) places at most {max} ranks, but -np {requested} was requested")]
+    #[error("--map-by {spec} ({per_node} per host) on {nhosts} host(s) places at most {max} ranks, but -np {requested} was requested")]
     PprTooManyRanks {
+        spec: String,
         requested: usize,
         per_node: usize,
         nhosts: usize,
         max: usize,
     },
-    #[error("--map-by ppr:{per_node}:node puts {count} ranks on {host}, which has {slots} slot(s); add --oversubscribe to run more ranks than slots")]
+    #[error("--map-by {spec} puts {count} ranks on {host}, which has {slots} slot(s); add --oversubscribe to run more ranks than slots")]
     PprExceedsSlots {
+        spec: String,
         host: String,
         per_node: usize,
         count: usize,
@@ -317,12 +478,118 @@ pub fn place(src: &HostSource, req: &PlacementRequest) -> Result<Placement, Plac
     let allow_over = req.oversubscribe || src.is_implicit();
     let assign = if let Some(ppn) = req.ppn {
         assign_ppn(hosts, req, ppn)?
-    } else if let MapBy::PprNode(per) = req.map_by {
-        assign_ppr(hosts, req.np, per, allow_over)?
     } else {
-        assign_slots(src, req, allow_over)?
+        match req.map_by {
+            Some(MapBy::PprNode(per)) => assign_ppr(hosts, req.np, per, allow_over, None)?,
+            Some(MapBy::PprObj(n, o)) => {
+                let (count, what) = match o {
+                    NodeObj::Numa => (req.numas, "NUMA nodes"),
+                    _ => (req.sockets, "sockets"),
+                };
+                let Some(count) = count.filter(|&c| c > 0) else {
+                    return Err(PlacementError::UnknownObjects {
+                        map: MapBy::PprObj(n, o).to_string(),
+                        what,
+                    });
+                };
+                assign_ppr(
+                    hosts,
+                    req.np,
+                    n.saturating_mul(count),
+                    allow_over,
+                    Some(MapBy::PprObj(n, o)),
+                )?
+            }
+            Some(MapBy::Seq) => assign_seq(src, req.np)?,
+            None if src.family == Family::Hydra => assign_cycle(src, req.np)?,
+            _ => assign_slots(src, req, allow_over)?,
+        }
+    };
+    let assign = match req.rank_by {
+        Some(RankBy::Node) => rank_round_robin(nh_of(hosts), &assign),
+        Some(_) => rank_host_major(&assign),
+        None => assign,
     };
     Ok(number_ranks(hosts, &assign))
+}
+
+fn nh_of(hosts: &[HostEntry]) -> usize {
+    hosts.len()
+}
+
+/// The same per-host counts, numbered host by host (hosts in order of first appearance).
+fn rank_host_major(assign: &[usize]) -> Vec<usize> {
+    let mut order: Vec<usize> = Vec::new();
+    let mut counts: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+    for &h in assign {
+        let c = counts.entry(h).or_insert(0);
+        if *c == 0 {
+            order.push(h);
+        }
+        *c += 1;
+    }
+    order
+        .into_iter()
+        .flat_map(|h| std::iter::repeat_n(h, counts[&h]))
+        .collect()
+}
+
+/// The same per-host counts, dealt round-robin over the hosts (in order of first appearance).
+fn rank_round_robin(nh: usize, assign: &[usize]) -> Vec<usize> {
+    let mut counts = vec![0usize; nh];
+    let mut order: Vec<usize> = Vec::new();
+    for &h in assign {
+        if counts[h] == 0 {
+            order.push(h);
+        }
+        counts[h] += 1;
+    }
+    let mut out = Vec::with_capacity(assign.len());
+    while out.len() < assign.len() {
+        for &h in &order {
+            if counts[h] > 0 {
+                counts[h] -= 1;
+                out.push(h);
+            }
+        }
+    }
+    out
+}
+
+/// Hydra's placement over a hostfile's lines: each line takes its count of consecutive
+/// ranks, cycling over the lines until every rank is placed (slot counts never stop it).
+fn assign_cycle(src: &HostSource, np: Option<usize>) -> Result<Vec<usize>, PlacementError> {
+    let total: usize = src.lines.iter().fold(0usize, |a, l| a.saturating_add(l.1));
+    let np = check_np(np.unwrap_or(total))?;
+    if src.lines.is_empty() || total == 0 {
+        return Err(PlacementError::NoHosts);
+    }
+    let mut out = Vec::with_capacity(np);
+    'outer: loop {
+        for &(h, c) in &src.lines {
+            for _ in 0..c {
+                if out.len() == np {
+                    break 'outer;
+                }
+                out.push(h);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `--map-by seq`: rank i on the host of line i.
+fn assign_seq(src: &HostSource, np: Option<usize>) -> Result<Vec<usize>, PlacementError> {
+    let lines = src.lines.len();
+    let np = check_np(np.unwrap_or(lines))?;
+    if np > lines {
+        return Err(PlacementError::SeqTooManyRanks {
+            requested: np,
+            lines,
+            from: src.kind.to_string(),
+        });
+    }
+    Ok(src.lines[..np].iter().map(|l| l.0).collect())
 }
 
 /// `--ppn N`: N consecutive ranks per host, wrapping around; only `max_slots` limits it.
@@ -336,10 +603,9 @@ fn assign_ppn(
     if ppn == 0 {
         return Err(PlacementError::ZeroPpn);
     }
-    if req.map_by != MapBy::Slot {
+    if let Some(m) = req.map_by.filter(|m| *m != MapBy::Slot) {
         return Err(PlacementError::Conflict(format!(
-            "--ppn {ppn} cannot be combined with --map-by {}; use one of them",
-            req.map_by
+            "--ppn {ppn} cannot be combined with --map-by {m}; use one of them"
         )));
     }
     let np = check_np(req.np.unwrap_or(ppn.saturating_mul(nh)))?;
@@ -370,12 +636,15 @@ fn assign_ppr(
     np: Option<usize>,
     per: usize,
     allow_over: bool,
+    shown_as: Option<MapBy>,
 ) -> Result<Vec<usize>, PlacementError> {
+    let shown = shown_as.unwrap_or(MapBy::PprNode(per));
     let nh = hosts.len();
     let max = per.saturating_mul(nh);
     let np = np.unwrap_or(max);
     if np > max {
         return Err(PlacementError::PprTooManyRanks {
+            spec: shown.to_string(),
             requested: np,
             per_node: per,
             nhosts: nh,
@@ -394,12 +663,13 @@ fn assign_ppr(
                     host: h.name.clone(),
                     count,
                     max_slots: m,
-                    how: format!("--map-by ppr:{per}:node"),
+                    how: format!("--map-by {shown}"),
                 });
             }
         }
         if count > h.slots && !allow_over {
             return Err(PlacementError::PprExceedsSlots {
+                spec: shown.to_string(),
                 host: h.name.clone(),
                 per_node: per,
                 count,
@@ -448,7 +718,7 @@ fn assign_slots(
     let mut remaining = np;
     // Phase 1: within slots.
     match req.map_by {
-        MapBy::Node => round_robin(
+        Some(MapBy::Node) => round_robin(
             (0..nh).collect(),
             &mut counts,
             |h| Some(hosts[h].slots),
@@ -476,7 +746,7 @@ fn assign_slots(
     );
     debug_assert_eq!(remaining, 0, "capacity was checked above");
     Ok(match req.map_by {
-        MapBy::Node => order,
+        Some(MapBy::Node) => order,
         _ => counts
             .iter()
             .enumerate()
@@ -541,7 +811,7 @@ mod tests {
     fn req(np: Option<usize>, map_by: MapBy) -> PlacementRequest {
         PlacementRequest {
             np,
-            map_by,
+            map_by: Some(map_by),
             ..Default::default()
         }
     }
@@ -570,20 +840,228 @@ mod tests {
         assert_eq!(MapBy::parse("bynode").unwrap(), MapBy::Node);
         assert_eq!(MapBy::parse("ppr:4:node").unwrap(), MapBy::PprNode(4));
         assert_eq!("ppr:2:node".parse::<MapBy>().unwrap(), MapBy::PprNode(2));
+        assert_eq!(MapBy::parse("core").unwrap(), MapBy::Obj(NodeObj::Core));
+        assert_eq!(
+            MapBy::parse("package").unwrap(),
+            MapBy::Obj(NodeObj::Socket)
+        );
+        assert_eq!(MapBy::parse("NUMA").unwrap(), MapBy::Obj(NodeObj::Numa));
+        assert_eq!(MapBy::parse("seq").unwrap(), MapBy::Seq);
+        assert_eq!(
+            MapBy::parse("ppr:2:package").unwrap(),
+            MapBy::PprObj(2, NodeObj::Socket)
+        );
+        assert_eq!(
+            MapBy::parse_with_modifiers("slot:OVERSUBSCRIBE").unwrap(),
+            (MapBy::Slot, Some(true))
+        );
         for bad in [
             "",
-            "core",
+            "board",
             "ppr:0:node",
             "ppr:x:node",
-            "ppr:2:socket",
+            "ppr:2:core",
             "ppr:2",
             "ppr::node",
+            "slot:oversubscribe",
         ] {
             let e = MapBy::parse(bad).unwrap_err();
-            assert!(e.to_string().contains("expected `slot`"), "{bad}: {e}");
+            assert!(
+                e.to_string().contains("expected slot, node, seq"),
+                "{bad}: {e}"
+            );
         }
+        let e = MapBy::parse_with_modifiers("socket:PE=4").unwrap_err();
+        assert!(e.to_string().contains("`pe=4` is not supported"), "{e}");
         assert_eq!(MapBy::PprNode(3).to_string(), "ppr:3:node");
+        assert_eq!(MapBy::PprObj(1, NodeObj::Numa).to_string(), "ppr:1:numa");
         assert_eq!(MapBy::default(), MapBy::Slot);
+        assert!(RankBy::parse("board").is_err());
+    }
+
+    fn req_full(
+        np: Option<usize>,
+        map_by: Option<MapBy>,
+        rank_by: Option<RankBy>,
+    ) -> PlacementRequest {
+        PlacementRequest {
+            np,
+            map_by,
+            rank_by,
+            sockets: Some(2),
+            numas: Some(4),
+            ..Default::default()
+        }
+    }
+
+    fn hydra(text: &str) -> HostSource {
+        let hf = crate::host_source::parse_hostfile_text(
+            text,
+            "hf",
+            &crate::host_source::HostfileRules::default(),
+        )
+        .unwrap();
+        let mut s = HostSource::new(hf.hosts, SourceKind::Hostfile("hf".into()));
+        s.family = hf.family;
+        s.lines = hf.lines;
+        s
+    }
+
+    #[test]
+    fn ppr_per_socket_and_numa() {
+        let s = src("a slots=4\nb slots=4\n");
+        // 2 sockets per host: ppr:2:socket = 4 per host.
+        let p = place_ok(
+            &s,
+            &req_full(None, Some(MapBy::PprObj(2, NodeObj::Socket)), None),
+        );
+        assert_eq!(hosts_of(&p), ["a", "a", "a", "a", "b", "b", "b", "b"]);
+        let p = place_ok(
+            &s,
+            &req_full(Some(5), Some(MapBy::PprObj(2, NodeObj::Socket)), None),
+        );
+        assert_eq!(hosts_of(&p), ["a", "a", "a", "a", "b"]);
+        // 4 NUMA nodes per host: ppr:1:numa = 4 per host; too many ranks names the mapping.
+        let e = place(
+            &s,
+            &req_full(Some(9), Some(MapBy::PprObj(1, NodeObj::Numa)), None),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("--map-by ppr:1:numa (4 per host)"),
+            "{e}"
+        );
+        // More per host than slots needs --oversubscribe, and says which mapping.
+        let e = place(
+            &s,
+            &req_full(None, Some(MapBy::PprObj(3, NodeObj::Socket)), None),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("ppr:3:socket puts 6 ranks on a"),
+            "{e}"
+        );
+        // Unknown socket count.
+        let mut r = req_full(None, Some(MapBy::PprObj(1, NodeObj::Socket)), None);
+        r.sockets = None;
+        assert!(matches!(
+            place(&s, &r),
+            Err(PlacementError::UnknownObjects { .. })
+        ));
+    }
+
+    #[test]
+    fn core_socket_numa_fill_hosts_by_slot() {
+        let s = src("a slots=2\nb slots=2\n");
+        for o in [NodeObj::Core, NodeObj::Socket, NodeObj::Numa] {
+            let p = place_ok(&s, &req_full(Some(3), Some(MapBy::Obj(o)), None));
+            assert_eq!(hosts_of(&p), ["a", "a", "b"], "{o:?}");
+        }
+    }
+
+    #[test]
+    fn seq_follows_the_lines() {
+        let s = hydra("b\na slots=2\nb\nc\n");
+        let p = place_ok(&s, &req_full(None, Some(MapBy::Seq), None));
+        assert_eq!(hosts_of(&p), ["b", "a", "b", "c"]);
+        assert_eq!(p.ranks[2].local_rank, 1);
+        let p = place_ok(&s, &req_full(Some(2), Some(MapBy::Seq), None));
+        assert_eq!(hosts_of(&p), ["b", "a"]);
+        let e = place(&s, &req_full(Some(5), Some(MapBy::Seq), None)).unwrap_err();
+        assert!(e.to_string().contains("lists 4 host line(s)"), "{e}");
+    }
+
+    #[test]
+    fn hydra_hostfiles_cycle_over_their_lines() {
+        // Bare names: one rank per host per pass, wrapping (Hydra never runs out of slots).
+        let s = hydra("a:1\nb\nc\n");
+        assert_eq!(s.family, Family::Hydra);
+        let p = place_ok(&s, &req_full(Some(7), None, None));
+        assert_eq!(hosts_of(&p), ["a", "b", "c", "a", "b", "c", "a"]);
+        // Counts: blocks of that size per pass; no -np: one pass.
+        let s = hydra("a:2\nb:2\n");
+        let p = place_ok(&s, &req_full(Some(6), None, None));
+        assert_eq!(hosts_of(&p), ["a", "a", "b", "b", "a", "a"]);
+        assert_eq!(place_ok(&s, &req_full(None, None, None)).np(), 4);
+        // A host on two lines keeps both places in the cycle.
+        let s = hydra("a:1\nb:1\na:1\n");
+        let p = place_ok(&s, &req_full(Some(4), None, None));
+        assert_eq!(hosts_of(&p), ["a", "b", "a", "a"]);
+        // An explicit --map-by applies Open MPI's rule instead (slots are the counts).
+        let s = hydra("a:2\nb:2\n");
+        let p = place_ok(&s, &req_full(Some(4), Some(MapBy::Node), None));
+        assert_eq!(hosts_of(&p), ["a", "b", "a", "b"]);
+        // An Open MPI file with the same counts fills by slot and refuses to oversubscribe.
+        let s = src("a slots=2\nb slots=2\n");
+        assert!(place(&s, &req_full(Some(6), None, None)).is_err());
+    }
+
+    #[test]
+    fn rank_by_reorders_the_same_counts() {
+        let s = src("a slots=2\nb slots=2\n");
+        let p = place_ok(
+            &s,
+            &req_full(Some(4), Some(MapBy::Slot), Some(RankBy::Node)),
+        );
+        assert_eq!(hosts_of(&p), ["a", "b", "a", "b"]);
+        let p = place_ok(
+            &s,
+            &req_full(Some(4), Some(MapBy::Node), Some(RankBy::Slot)),
+        );
+        assert_eq!(hosts_of(&p), ["a", "a", "b", "b"]);
+        let p = place_ok(
+            &s,
+            &req_full(
+                Some(3),
+                Some(MapBy::Node),
+                Some(RankBy::Obj(NodeObj::Socket)),
+            ),
+        );
+        assert_eq!(hosts_of(&p), ["a", "a", "b"]);
+    }
+
+    #[test]
+    fn node_spread_for_the_runtime() {
+        use MapBy::*;
+        let sock = NodeObj::Socket;
+        assert_eq!(node_spread(None, None), None);
+        assert_eq!(node_spread(Some(Slot), None), None);
+        assert_eq!(
+            node_spread(Some(Obj(NodeObj::Core)), None).as_deref(),
+            Some("core")
+        );
+        assert_eq!(
+            node_spread(Some(Obj(sock)), None).as_deref(),
+            Some("socket")
+        );
+        assert_eq!(
+            node_spread(Some(Obj(sock)), Some(RankBy::Obj(NodeObj::Core))).as_deref(),
+            Some("socket:fill")
+        );
+        assert_eq!(
+            node_spread(Some(PprObj(2, sock)), None).as_deref(),
+            Some("ppr:2:socket")
+        );
+        assert_eq!(
+            node_spread(Some(PprObj(2, sock)), Some(RankBy::Obj(sock))).as_deref(),
+            Some("socket")
+        );
+        assert_eq!(
+            node_spread(Some(Node), Some(RankBy::Obj(NodeObj::Numa))).as_deref(),
+            Some("numa")
+        );
+        // Every spelling the runtime must read.
+        for m in [
+            "core",
+            "socket",
+            "socket:fill",
+            "ppr:2:socket",
+            "numa",
+            "numa:fill",
+            "ppr:1:numa",
+        ] {
+            railring::topology::NodeMap::parse(m).unwrap();
+        }
     }
 
     #[test]
@@ -652,6 +1130,7 @@ mod tests {
         assert_eq!(
             e,
             PlacementError::PprTooManyRanks {
+                spec: "ppr:1:node".into(),
                 requested: 3,
                 per_node: 1,
                 nhosts: 2,
@@ -712,7 +1191,7 @@ mod tests {
         // Conflicts and zero.
         let r = PlacementRequest {
             ppn: Some(2),
-            map_by: MapBy::Node,
+            map_by: Some(MapBy::Node),
             ..Default::default()
         };
         assert!(matches!(place(&s, &r), Err(PlacementError::Conflict(_))));
@@ -756,7 +1235,7 @@ mod tests {
             hosts_of(&place_ok(&s, &r)),
             ["a", "a", "a", "a", "b", "b", "b"]
         );
-        r.map_by = MapBy::Node;
+        r.map_by = Some(MapBy::Node);
         assert_eq!(
             hosts_of(&place_ok(&s, &r)),
             ["a", "b", "a", "b", "a", "b", "a"]
@@ -769,7 +1248,7 @@ mod tests {
         let mut r = req(Some(6), MapBy::Slot);
         r.oversubscribe = true;
         assert_eq!(hosts_of(&place_ok(&s, &r)), ["a", "a", "b", "b", "b", "b"]);
-        r.map_by = MapBy::Node;
+        r.map_by = Some(MapBy::Node);
         assert_eq!(hosts_of(&place_ok(&s, &r)), ["a", "b", "a", "b", "b", "b"]);
         r.np = Some(7);
         let e = place(&s, &r).unwrap_err();

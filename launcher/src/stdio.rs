@@ -1,5 +1,8 @@
 //! Rank output: splitting a stream into lines, and writing lines to the terminal (optionally
 //! tagged) or to one file per rank, never splitting or interleaving a line.
+//!
+//! When railrun's stdout or stderr is closed by its reader (`railrun ... | head`: EPIPE), the
+//! sink remembers it ([`Sink::closed`]); the job then ends, as mpirun ends on SIGPIPE.
 
 use crate::proto::{Stream, MAX_LINE};
 use std::fs::File;
@@ -46,7 +49,8 @@ pub fn for_each_line<R: Read>(mut r: R, mut emit: impl FnMut(&[u8]) -> bool) {
 
 /// A raw, unbuffered handle on fd 1 or 2 (one `write` per line, no std buffering in between).
 fn raw_fd(fd: i32) -> ManuallyDrop<File> {
-    // SAFETY: fds 1 and 2 stay open for the life of the process; ManuallyDrop never closes them.
+    // SAFETY: fds 1 and 2 stay open for the life of the process (a test's pipe for as long as
+    // its sink); ManuallyDrop never closes them.
     ManuallyDrop::new(unsafe { File::from_raw_fd(fd) })
 }
 
@@ -66,6 +70,11 @@ pub struct Sink {
     /// messages), so no line is ever interleaved with another.
     term: Mutex<()>,
     stdout_broken: AtomicBool,
+    stderr_broken: AtomicBool,
+    /// `--merge-stderr-to-stdout`: rank stderr lines go to fd 1.
+    merge: bool,
+    /// The descriptors standing for stdout and stderr (1 and 2; tests use pipes).
+    fds: (i32, i32),
 }
 
 impl Sink {
@@ -76,6 +85,46 @@ impl Sink {
             tag,
             term: Mutex::new(()),
             stdout_broken: AtomicBool::new(false),
+            stderr_broken: AtomicBool::new(false),
+            merge: false,
+            fds: (1, 2),
+        }
+    }
+
+    /// `--merge-stderr-to-stdout`: rank stderr lines go to railrun's stdout (terminal only;
+    /// `--output-dir` files hold both streams anyway).
+    pub fn merging_stderr(mut self, merge: bool) -> Sink {
+        self.merge = merge;
+        self
+    }
+
+    /// Which of railrun's stdout / stderr a reader has closed (a write failed with EPIPE):
+    /// `Some("stdout")`, `Some("stderr")` or `None`.
+    pub fn closed(&self) -> Option<&'static str> {
+        if self.stdout_broken.load(Ordering::Relaxed) {
+            Some("stdout")
+        } else if self.stderr_broken.load(Ordering::Relaxed) {
+            Some("stderr")
+        } else {
+            None
+        }
+    }
+
+    /// Write `buf` to fd `fd` unless that fd is known closed; EPIPE marks it closed (other
+    /// errors drop the line).
+    fn write_fd(&self, fd: i32, buf: &[u8]) {
+        let (flag, fd) = if fd == 1 {
+            (&self.stdout_broken, self.fds.0)
+        } else {
+            (&self.stderr_broken, self.fds.1)
+        };
+        if flag.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Err(e) = raw_fd(fd).write_all(buf) {
+            if e.kind() == io::ErrorKind::BrokenPipe {
+                flag.store(true, Ordering::Relaxed);
+            }
         }
     }
 
@@ -99,6 +148,9 @@ impl Sink {
             tag,
             term: Mutex::new(()),
             stdout_broken: AtomicBool::new(false),
+            stderr_broken: AtomicBool::new(false),
+            merge: false,
+            fds: (1, 2),
         })
     }
 
@@ -121,19 +173,9 @@ impl Sink {
             Target::Terminal => {
                 let _g = self.term.lock().unwrap_or_else(|e| e.into_inner());
                 match stream {
-                    Stream::Stdout => {
-                        if self.stdout_broken.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        if raw_fd(1).write_all(&buf).is_err() {
-                            // A closed stdout (`railrun ... | head`) drops further output; the
-                            // job goes on.
-                            self.stdout_broken.store(true, Ordering::Relaxed);
-                        }
-                    }
-                    Stream::Stderr => {
-                        let _ = raw_fd(2).write_all(&buf);
-                    }
+                    Stream::Stdout => self.write_fd(1, &buf),
+                    Stream::Stderr if self.merge => self.write_fd(1, &buf),
+                    Stream::Stderr => self.write_fd(2, &buf),
                 }
             }
             Target::Dir { dir, files } => {
@@ -161,7 +203,7 @@ impl Sink {
             buf.push(b'\n');
         }
         let _g = self.term.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = raw_fd(2).write_all(&buf);
+        self.write_fd(2, &buf);
     }
 
     /// Flush per-rank files.
@@ -227,6 +269,64 @@ mod tests {
             true
         });
         assert_eq!(v, vec![b"hello\n".to_vec(), b"world\n".to_vec()]);
+    }
+
+    /// A pipe whose read end is closed: writing to it fails with EPIPE.
+    fn closed_pipe() -> std::os::fd::OwnedFd {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        drop(r);
+        w
+    }
+
+    #[test]
+    fn a_closed_stdout_or_stderr_is_noticed() {
+        use std::os::fd::AsRawFd;
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let dead = closed_pipe();
+        let mut s = Sink::terminal(false);
+        s.fds = (w.as_raw_fd(), dead.as_raw_fd());
+        s.line(0, Stream::Stdout, b"kept\n");
+        assert_eq!(s.closed(), None);
+        s.line(0, Stream::Stderr, b"lost\n");
+        assert_eq!(s.closed(), Some("stderr"));
+        drop(w);
+        let mut got = String::new();
+        File::from(r).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "kept\n");
+
+        let dead = closed_pipe();
+        let (r2, w2) = nix::unistd::pipe().unwrap();
+        let mut s = Sink::terminal(true).merging_stderr(true);
+        s.fds = (dead.as_raw_fd(), w2.as_raw_fd());
+        s.line(3, Stream::Stderr, b"to stdout");
+        assert_eq!(
+            s.closed(),
+            Some("stdout"),
+            "merged stderr goes to the closed stdout"
+        );
+        s.message("railrun: still said on stderr");
+        drop(w2);
+        let mut got = String::new();
+        File::from(r2).read_to_string(&mut got).unwrap();
+        assert_eq!(got, "railrun: still said on stderr\n");
+    }
+
+    #[test]
+    fn merged_stderr_lines_go_to_stdout() {
+        use std::os::fd::AsRawFd;
+        let (r1, w1) = nix::unistd::pipe().unwrap();
+        let (r2, w2) = nix::unistd::pipe().unwrap();
+        let mut s = Sink::terminal(true).merging_stderr(true);
+        s.fds = (w1.as_raw_fd(), w2.as_raw_fd());
+        s.line(1, Stream::Stdout, b"out\n");
+        s.line(1, Stream::Stderr, b"err\n");
+        drop((w1, w2));
+        let (mut a, mut b) = (String::new(), String::new());
+        File::from(r1).read_to_string(&mut a).unwrap();
+        File::from(r2).read_to_string(&mut b).unwrap();
+        assert_eq!(a, "[1] out\n[1] err\n");
+        assert_eq!(b, "");
+        drop(s);
     }
 
     #[test]

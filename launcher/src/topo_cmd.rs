@@ -2,7 +2,7 @@
 //! matrix like `nvidia-smi topo -m`, and the binding of each local rank.
 //!
 //! ```text
-//! railrun topo [--topo-file FILE] [--svg FILE] [--json] [--local-size N] [--bind-to none|numa|core]
+//! railrun topo [--topo-file FILE] [--svg FILE] [--json] [--local-size N] [--bind-to MODE]
 //! ```
 //!
 //! Without `--topo-file` the node is discovered live (or from
@@ -18,13 +18,15 @@ use railring::config::{bind_vars_from_env, topo_file_from_env};
 use railring::topology::{render, BindOptions, Topology};
 use railring::vars;
 
-const USAGE: &str = "usage: railrun topo [--topo-file FILE] [--svg FILE] [--json] [--local-size N] [--bind-to none|numa|core]
+const USAGE: &str =
+    "usage: railrun topo [--topo-file FILE] [--svg FILE] [--json] [--local-size N] [--bind-to MODE]
 
   --topo-file FILE   read an NCCL (<system>) or hwloc (<topology>) XML file instead of this node
   --svg FILE         also draw sockets, switches, GPUs and NICs with the chosen GPU-NIC pairs
   --json             print devices, path classes and bindings as JSON
   --local-size N     local ranks to show bindings for (default: number of GPUs, or 1 without GPU)
-  --bind-to MODE     none | numa (default) | core
+  --bind-to MODE     none | hwthread | core | numa (default) | socket | package
+Unknown options are errors (exit 2).
 ";
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -54,10 +56,19 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 _ => Err(format!("{name} needs a value\n{USAGE}")),
             }
         };
+        let no_value = |name: &str| -> Result<(), String> {
+            match &inline {
+                None => Ok(()),
+                Some(_) => Err(format!("{name} takes no value (got {arg:?})\n{USAGE}")),
+            }
+        };
         match flag {
             "--topo-file" => a.topo_file = Some(PathBuf::from(value("--topo-file")?)),
             "--svg" => a.svg = Some(PathBuf::from(value("--svg")?)),
-            "--json" => a.json = true,
+            "--json" => {
+                no_value("--json")?;
+                a.json = true
+            }
             "--local-size" => {
                 let v = value("--local-size")?;
                 let n: usize = v
@@ -72,9 +83,20 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                     })?;
                 a.local_size = Some(n);
             }
-            "--bind-to" => a.bind_to = Some(value("--bind-to")?),
-            "-h" | "--help" => a.help = true,
-            other => return Err(format!("railrun topo: unknown argument {other:?}\n{USAGE}")),
+            "--bind-to" => {
+                let v = value("--bind-to")?;
+                v.parse::<railring::topology::BindTo>()
+                    .map_err(|e| format!("--bind-to: {e}\n{USAGE}"))?;
+                a.bind_to = Some(v)
+            }
+            "-h" | "--help" => {
+                no_value("--help")?;
+                a.help = true
+            }
+            other if other.starts_with('-') => {
+                return Err(format!("unknown option {other:?}\n{USAGE}"))
+            }
+            other => return Err(format!("unexpected argument {other:?}\n{USAGE}")),
         }
     }
     Ok(a)
@@ -128,7 +150,14 @@ pub fn run(args: &[String]) -> Result<i32, String> {
 }
 
 fn run_to(args: &[String], out: &mut dyn Write) -> Result<i32, String> {
-    let a = parse_args(args)?;
+    let a = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) => {
+            // A bad command line: exit 2, as railrun itself.
+            eprintln!("railrun topo: {e}");
+            return Ok(2);
+        }
+    };
     if a.help {
         out.write_all(USAGE.as_bytes()).map_err(|e| e.to_string())?;
         return Ok(0);
@@ -204,9 +233,23 @@ mod tests {
         assert_eq!(a.local_size, Some(4));
         assert!(parse_args(&s(&["--local-size", "0"])).is_err());
         assert!(parse_args(&s(&["--local-size"])).is_err());
-        assert!(parse_args(&s(&["--bogus"]))
-            .unwrap_err()
-            .contains("unknown argument"));
+        for bad in [
+            &["--bogus"][..],
+            &["--json=yes"],
+            &["--json", "extra"],
+            &["-x"],
+            &["--bind-to", "board"],
+            &["--help=1"],
+        ] {
+            let e = parse_args(&s(bad)).unwrap_err();
+            assert!(
+                e.contains(bad.last().unwrap().split('=').next().unwrap()),
+                "{bad:?}: {e}"
+            );
+        }
+        let mut out = Vec::new();
+        assert_eq!(run_to(&s(&["--frob"]), &mut out).unwrap(), 2);
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct Config {
     /// The log filter from `RAILRING_DEBUG` (level: TRACE, DEBUG, INFO, WARN (default), ERROR)
     /// and `RAILRING_DEBUG_SUBSYS` (comma-separated subsystems: init, net, topo, tune, ...).
     pub log_filter: String,
+    /// Whether log lines carry ANSI colour: `RAILRING_LOG_COLOR` `always` / `never`, or `auto`
+    /// (default): only when stderr is a terminal and `NO_COLOR` is unset or empty. railrun
+    /// sets it for its ranks (their stderr is a pipe to railrun) from its own terminal.
+    pub log_color: bool,
     /// `RAILRING_HOST_ID`: ranks with different values are different nodes even on one machine
     /// (printable ASCII, at most 128 characters; see [`crate::machine::host_id`]).
     pub host_id: Option<String>,
@@ -132,6 +136,36 @@ fn log_filter() -> String {
     }
 }
 
+/// `RAILRING_LOG_COLOR` (`auto`, `always`, `never`) and `NO_COLOR` (<https://no-color.org>):
+/// whether log lines on stderr carry colour (see [`Config::log_color`]).
+pub fn log_color() -> Result<bool> {
+    let no_color = std::env::var_os(vars::NO_COLOR).is_some_and(|v| !v.is_empty());
+    match var(vars::LOG_COLOR).map(|v| v.trim().to_ascii_lowercase()) {
+        Some(v) if v == "always" => Ok(true),
+        Some(v) if v == "never" => Ok(false),
+        None => Ok(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        Some(v) if v == "auto" => {
+            Ok(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        }
+        Some(v) => Err(Error::Env {
+            var: vars::LOG_COLOR.into(),
+            value: v,
+            why: "expected auto, always or never".into(),
+        }),
+    }
+}
+
+/// The server address of `SSH_CONNECTION` (`client-ip client-port server-ip server-port`, set
+/// by OpenSSH for the processes it starts): this node's management interface, which the
+/// automatic rail choice leaves out (`transport::rails`).
+pub fn ssh_server_addr() -> Option<std::net::Ipv4Addr> {
+    let v = std::env::var(vars::SSH_CONNECTION).ok()?;
+    if v.len() > 256 {
+        return None;
+    }
+    v.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// `RAILRING_TOPO_FILE` (non-empty), for [`Config::topo_file`] and `railrun topo`.
 pub fn topo_file_from_env() -> Option<PathBuf> {
     std::env::var_os(vars::TOPO_FILE)
@@ -143,6 +177,7 @@ pub fn topo_file_from_env() -> Option<PathBuf> {
 pub fn bind_vars_from_env() -> BindVars {
     BindVars {
         bind_to: std::env::var_os(vars::BIND_TO),
+        map_by: std::env::var_os(vars::MAP_BY),
         nic_map: std::env::var_os(vars::NIC_MAP),
         cuda_visible_devices: std::env::var_os("CUDA_VISIBLE_DEVICES"),
     }
@@ -227,6 +262,7 @@ impl Config {
                 })?
             },
             log_filter: log_filter(),
+            log_color: log_color()?,
             host_id: var(vars::HOST_ID)
                 .map(|v| {
                     v.chars()

@@ -31,9 +31,23 @@ pub const STORE_ADDR: &str = "RAILRING_STORE_ADDR";
 /// agent (per node); read by `bootstrap::launch`, and by `bootstrap::launch` when set
 /// by hand for srun / torchrun-style starts.
 pub const JOB_SECRET: &str = "RAILRING_JOB_SECRET";
-/// CPU binding mode: `none`, `numa` or `core`. Set by railrun from `--bind-to` (only when given);
-/// read by `config` (`Config::bind`) and `railrun topo`.
+/// CPU binding mode: `none`, `hwthread`, `core`, `numa` or `socket`. Set by railrun from
+/// `--bind-to` (only when given, or implied by `--map-by`); read by `config` (`Config::bind`)
+/// and `railrun topo`.
 pub const BIND_TO: &str = "RAILRING_BIND_TO";
+/// How local ranks spread over the node's cores, sockets or NUMA nodes (`core`, `socket`,
+/// `numa`, `socket:fill`, `numa:fill`, `ppr:N:socket`, `ppr:N:numa`). Set by railrun from
+/// `--map-by` / `--rank-by`; read by `config` (`Config::bind`) and `railrun topo`.
+pub const MAP_BY: &str = "RAILRING_MAP_BY";
+/// Colour in log lines: `auto` (on a terminal, unless `NO_COLOR`), `always`, `never`. Set by
+/// the user, or by railrun for its ranks (from its own stderr); read by `config`.
+pub const LOG_COLOR: &str = "RAILRING_LOG_COLOR";
+/// The informal standard (<https://no-color.org>): present and not empty means no colour.
+/// Read by `config` and railrun.
+pub const NO_COLOR: &str = "NO_COLOR";
+/// OpenSSH's `client-ip client-port server-ip server-port` in processes it starts: the
+/// server address is this node's management interface. Read by `config` (rail choice).
+pub const SSH_CONNECTION: &str = "SSH_CONNECTION";
 
 /// The CPUs railrun bound the rank to before exec (a CPU list, `0-3,8`), exactly what
 /// `--report-bindings` shows. Set by railrun or its agent (per rank) when it bound the rank;
@@ -164,6 +178,8 @@ mod tests {
             ("STORE_ADDR", STORE_ADDR),
             ("JOB_SECRET", JOB_SECRET),
             ("BIND_TO", BIND_TO),
+            ("MAP_BY", MAP_BY),
+            ("LOG_COLOR", LOG_COLOR),
             ("BOUND_CPUS", BOUND_CPUS),
             ("TIMEOUT", TIMEOUT),
             ("CONNECT_TIMEOUT", CONNECT_TIMEOUT),

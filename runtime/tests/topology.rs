@@ -980,7 +980,8 @@ fn bind_to_none_leaves_affinity_alone() {
         // GPU and NIC choices do not change.
         assert_eq!(primary(bi), i);
     }
-    assert!(BindOptions::from_values(Some("socket"), None, None, None).is_err());
+    assert!(BindOptions::from_values(Some("board"), None, None, None).is_err());
+    assert_eq!("package".parse::<BindTo>().unwrap(), BindTo::Socket);
     assert_eq!("NUMA".parse::<BindTo>().unwrap(), BindTo::Numa);
     assert!(t.bindings(1_000_000, &file_opts()).is_err());
 }
@@ -1025,7 +1026,12 @@ fn matrix_like_nvidia_smi() {
     assert_eq!(nic3[0], "NIC3");
     assert_eq!(nic3[12], "X");
     assert!(m.contains("NIC Legend:"));
-    assert!(m.contains("  NIC0: 0000:10:1b.0\n"));
+    assert!(
+        m.contains(
+            "  NIC0: 0000:10:1b.0 (port speed unknown: assumed 126031 Mb/s, from its PCIe link)\n"
+        ),
+        "{m}"
+    );
     assert!(m.contains("PIX  = Connection traversing at most a single PCIe bridge"));
 }
 
@@ -1092,4 +1098,295 @@ fn nic_allow_keeps_bindings_on_the_rails() {
     o.nic_allow = Some(vec!["ib0".into()]);
     let b = t.bindings(2, &o).unwrap();
     assert!(b.iter().all(|b| !b.nics.is_empty()));
+}
+
+// ---------------------------------------------------------------- --map-by / --bind-to modes
+
+/// The SL390 file: 2 sockets (NUMA 0: even CPUs, NUMA 1: odd CPUs), 6 cores of 2 threads
+/// each; its GPUs hidden (CUDA_VISIBLE_DEVICES=""), so ranks are CPU ranks.
+fn sl390_map(map: Option<&str>, bind: &str, n: usize) -> Result<Vec<Binding>, TopoError> {
+    let t = Topology::from_file(SL390).unwrap();
+    let mut o = BindOptions::from_values(Some(bind), None, Some(""), None).unwrap();
+    o.map = map.map(|m| railring::topology::NodeMap::parse(m).unwrap());
+    t.bindings(n, &o)
+}
+
+#[test]
+fn map_by_and_bind_to_like_open_mpi() {
+    let t = Topology::from_file(SL390).unwrap();
+    let socket = |s: usize| t.numa_nodes[s].cpus.clone();
+    let core_of = |c: usize| {
+        t.cores
+            .iter()
+            .find(|k| k.contains(&c))
+            .cloned()
+            .unwrap_or_else(|| vec![c])
+    };
+    let first_cores: Vec<Vec<usize>> = {
+        let mut v: Vec<Vec<usize>> = t.cores.clone();
+        v.sort_by_key(|c| c[0]);
+        v
+    };
+    assert_eq!(first_cores.len(), 12, "{first_cores:?}");
+
+    // --bind-to socket without a mapping: ranks round-robin over the NUMA nodes, bound to
+    // their whole socket.
+    let b = sl390_map(None, "socket", 4).unwrap();
+    for (r, bi) in b.iter().enumerate() {
+        assert_eq!(bi.cpus, socket(r % 2), "rank {r}: {}", bi.reason);
+        assert!(bi.reason.contains("bind-to socket"), "{}", bi.reason);
+    }
+    // --map-by core: rank i on core i (in CPU order), bound to that core's threads.
+    let b = sl390_map(Some("core"), "core", 3).unwrap();
+    for (r, bi) in b.iter().enumerate() {
+        assert_eq!(bi.cpus, first_cores[r], "rank {r}: {}", bi.reason);
+    }
+    // --map-by core --bind-to hwthread: the first thread of each rank's core.
+    let b = sl390_map(Some("core"), "hwthread", 3).unwrap();
+    for (r, bi) in b.iter().enumerate() {
+        assert_eq!(bi.cpus, [first_cores[r][0]], "rank {r}: {}", bi.reason);
+    }
+    // --map-by socket (round-robin) --bind-to core: socket 0's first core, socket 1's first,
+    // socket 0's second...
+    let b = sl390_map(Some("socket"), "core", 4).unwrap();
+    let s0: Vec<Vec<usize>> = first_cores
+        .iter()
+        .filter(|c| socket(0).contains(&c[0]))
+        .cloned()
+        .collect();
+    let s1: Vec<Vec<usize>> = first_cores
+        .iter()
+        .filter(|c| socket(1).contains(&c[0]))
+        .cloned()
+        .collect();
+    assert_eq!(
+        b.iter().map(|x| x.cpus.clone()).collect::<Vec<_>>(),
+        [s0[0].clone(), s1[0].clone(), s0[1].clone(), s1[1].clone()]
+    );
+    // ppr:2:socket (Open MPI binds to the socket): ranks 0,1 on socket 0, 2,3 on socket 1.
+    let b = sl390_map(Some("ppr:2:socket"), "socket", 4).unwrap();
+    let sets: Vec<Vec<usize>> = b.iter().map(|x| x.cpus.clone()).collect();
+    assert_eq!(sets, [socket(0), socket(0), socket(1), socket(1)]);
+    // ... socket:fill --bind-to core: consecutive ranks on one socket's successive cores.
+    let b = sl390_map(Some("socket:fill"), "core", 4).unwrap();
+    assert_eq!(
+        b.iter().map(|x| x.cpus.clone()).collect::<Vec<_>>(),
+        [s0[0].clone(), s0[1].clone(), s1[0].clone(), s1[1].clone()]
+    );
+    // More local ranks than ppr:N:socket allows on this node: an error naming the mapping.
+    let e = sl390_map(Some("ppr:2:socket"), "socket", 6)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("RAILRING_MAP_BY") && e.contains("ppr:2:socket") && e.contains("2 socket(s)"),
+        "{e}"
+    );
+    // --bind-to hwthread without a mapping: distinct threads, one per core before any
+    // second thread.
+    let b = sl390_map(None, "hwthread", 2).unwrap();
+    assert_eq!(b[0].cpus.len(), 1);
+    assert_ne!(core_of(b[0].cpus[0]), core_of(b[1].cpus[0]));
+    // A GPU's NUMA node still decides for ranks with a GPU (the mapping is for CPU ranks).
+    let t4 = Topology::from_file(P4D).unwrap();
+    let mut o = BindOptions::from_values(Some("socket"), None, None, None).unwrap();
+    o.map = Some(railring::topology::NodeMap::parse("core").unwrap());
+    let b = t4.bindings(8, &o).unwrap();
+    assert_eq!(b[0].numa, t4.gpus[0].numa);
+    // Bad RAILRING_MAP_BY values are errors naming the variable.
+    let e = railring::topology::NodeMap::parse("ppr:2:core")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("RAILRING_MAP_BY"), "{e}");
+}
+
+// ---------------------------------------------------------------- NIC ranking like NCCL
+
+/// One GPU behind a switch on socket 0 with a NIC beside it (`near`, at PIX), and a NIC on
+/// socket 1 (`far`, at SYS from the GPU). `None` speeds leave the attribute out.
+fn two_nic_box(near: (&str, Option<u64>), far: (&str, Option<u64>)) -> Topology {
+    let net = |name: &str, speed: Option<u64>, dev: u32| {
+        let speed = speed.map(|s| format!(" speed=\"{s}\"")).unwrap_or_default();
+        let (port, guid) = if name.starts_with("mlx") {
+            ("1", "0x3d0c6e0003bac0b8")
+        } else {
+            ("0", "0x1")
+        };
+        format!("<net name=\"{name}\" dev=\"{dev}\"{speed} port=\"{port}\" guid=\"{guid}\"/>")
+    };
+    let xml = format!(
+        r#"<system version="1">
+  <cpu numaid="0" affinity="0000000f" arch="x86_64">
+    <pci busid="0000:01:00.0" class="0x060400" link_speed="16 GT/s" link_width="16">
+      <pci busid="0000:02:00.0" class="0x030200" vendor="0x10de"><gpu dev="0" sm="80"/></pci>
+      <pci busid="0000:03:00.0" class="0x020000"><nic>{}</nic></pci>
+    </pci>
+  </cpu>
+  <cpu numaid="1" affinity="000000f0" arch="x86_64">
+    <pci busid="0000:81:00.0" class="0x020700"><nic>{}</nic></pci>
+  </cpu>
+</system>"#,
+        net(near.0, near.1, 1),
+        net(far.0, far.1, 0)
+    );
+    Topology::from_nccl_xml_str(&xml, "two-nic.xml").unwrap()
+}
+
+#[test]
+fn a_slow_port_never_becomes_the_rail_while_a_faster_nic_exists() {
+    // 1 GbE beside the GPU, 100 Gb/s RDMA on the other socket: the fast NIC, and why.
+    let t = two_nic_box(("eno1", Some(1000)), ("mlx5_0", Some(100_000)));
+    assert_eq!(t.path_class(gpu(0), nic(0)), Pix);
+    assert_eq!(t.path_class(gpu(0), nic(1)), Sys);
+    let b = t.bindings(1, &file_opts()).unwrap();
+    assert_eq!(b[0].nics[0].name, "mlx5_0", "{}", b[0].reason);
+    assert!(
+        b[0].reason
+            .contains("bandwidth decided: eno1 (PIX, 1000 Mb/s) is 4x or more slower"),
+        "{}",
+        b[0].reason
+    );
+    // An RDMA NIC whose speed the file leaves out is assumed fast, and the reason says so.
+    let t = two_nic_box(("eno1", Some(1000)), ("mlx5_0", None));
+    let b = t.bindings(1, &file_opts()).unwrap();
+    assert_eq!(b[0].nics[0].name, "mlx5_0", "{}", b[0].reason);
+    assert!(
+        b[0].reason.contains("mlx5_0 100000 Mb/s an RDMA NIC"),
+        "{}",
+        b[0].reason
+    );
+    let m = render::matrix_text(&t);
+    assert!(
+        m.contains("port speed unknown: assumed 100000 Mb/s, an RDMA NIC"),
+        "{m}"
+    );
+    // Comparable NICs: the nearer one still wins (25 vs 40 Gb/s is not 4x).
+    let t = two_nic_box(("eth0", Some(25_000)), ("eth1", Some(40_000)));
+    let b = t.bindings(1, &file_opts()).unwrap();
+    assert_eq!(b[0].nics[0].name, "eth0", "{}", b[0].reason);
+    assert!(
+        b[0].reason.contains("the only NIC at the best path class"),
+        "{}",
+        b[0].reason
+    );
+    // Both beside the GPU (a second one under the same switch): speed, then RDMA decide.
+    let xml = r#"<system version="1"><cpu numaid="0" affinity="f">
+      <pci busid="0000:01:00.0" class="0x060400">
+        <pci busid="0000:02:00.0" class="0x030200" vendor="0x10de"><gpu dev="0"/></pci>
+        <pci busid="0000:03:00.0" class="0x020000"><nic><net name="eth0" speed="100000" port="0" guid="0x0"/></nic></pci>
+        <pci busid="0000:04:00.0" class="0x020700"><nic><net name="mlx5_1" speed="100000" port="1" guid="0x3d0c6e0003bac0b9"/></nic></pci>
+      </pci></cpu></system>"#;
+    let t = Topology::from_nccl_xml_str(xml, "rdma.xml").unwrap();
+    let b = t.bindings(1, &file_opts()).unwrap();
+    assert_eq!(b[0].nics[0].name, "mlx5_1", "{}", b[0].reason);
+    assert!(
+        b[0].reason.contains("RDMA-capable; eth0"),
+        "{}",
+        b[0].reason
+    );
+}
+
+#[test]
+fn an_nccl_net_named_like_an_rdma_device_is_no_interface_name() {
+    let t = two_nic_box(("eth3", Some(25_000)), ("mlx5_7", Some(200_000)));
+    let (eth, mlx) = (&t.nics[0], &t.nics[1]);
+    assert_eq!(eth.netdevs, ["eth3"]);
+    assert_eq!(eth.rdma, None);
+    assert_eq!(mlx.rdma.as_deref(), Some("mlx5_7"));
+    assert!(mlx.netdevs.is_empty(), "{:?}", mlx.netdevs);
+    assert_eq!(mlx.netdev(), None);
+    let b = t.bindings(1, &file_opts()).unwrap();
+    assert_eq!(b[0].nics[0].name, "mlx5_7");
+    assert_eq!(
+        b[0].nics[0].netdev, "",
+        "never handed to TCP as an interface"
+    );
+    assert!(
+        b[0].reason.contains("no network interface known"),
+        "{}",
+        b[0].reason
+    );
+    // ... the runtime's rail list never matches it.
+    let mut o = file_opts();
+    o.nic_allow = Some(vec!["eth3".into()]);
+    let b = t.bindings(1, &o).unwrap();
+    assert_eq!(b[0].nics[0].netdev, "eth3");
+    // NCCL's IB port without a telling name (port >= 1 and a real GUID) is RDMA too.
+    let xml = r#"<system version="1"><cpu numaid="0" affinity="f">
+      <pci busid="0000:03:00.0" class="0x020700"><nic><net name="ibp3s0" dev="0" speed="200000" port="1" guid="0x3d0c6e0003bac0b8"/></nic></pci>
+      </cpu></system>"#;
+    let t = Topology::from_nccl_xml_str(xml, "ib.xml").unwrap();
+    assert_eq!(t.nics[0].rdma.as_deref(), Some("ibp3s0"));
+}
+
+// ---------------------------------------------------------------- partial topology files
+
+/// An NCCL dump whose PCI devices carry no class: it yields no GPU and no NIC.
+const CLASSLESS: &str = r#"<system version="1">
+  <cpu numaid="0" affinity="000000ff" arch="x86_64">
+    <pci busid="0000:17:00.0"/>
+    <pci busid="0000:18:00.0"/>
+  </cpu>
+</system>"#;
+
+#[test]
+fn a_file_without_gpus_or_nics_says_so_loudly_and_merges_with_sysfs() {
+    let dir = std::env::temp_dir().join(format!("railring-partial-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("partial.xml");
+    std::fs::write(&file, CLASSLESS).unwrap();
+
+    // Another machine's file (railrun topo --topo-file): loud, nothing merged.
+    let t = Topology::from_file(&file).unwrap();
+    assert!(t.gpus.is_empty() && t.nics.is_empty());
+    let w = t.warnings.join("\n");
+    assert!(
+        w.contains("yields NO GPU AND NO NIC")
+            && w.contains("2 PCI device(s) carry no class= (0000:17:00.0, 0000:18:00.0)")
+            && w.contains("unset RAILRING_TOPO_FILE"),
+        "{w}"
+    );
+
+    // This machine's file: the live sysfs has the same bus ids and gives their classes.
+    let f = FakeSys::new("partial");
+    f.numa(0, "0-7", 0);
+    f.pci("pci0000:16/0000:16:00.0/0000:17:00.0", 0x030200, 0x10de, 0);
+    f.pci("pci0000:16/0000:16:01.0/0000:18:00.0", 0x020000, 0x8086, 0);
+    f.netdev(
+        "ens8",
+        Some("pci0000:16/0000:16:01.0/0000:18:00.0"),
+        "0x1003",
+        "100000",
+    );
+    // sysfs lists a function's interfaces under it, as the kernel does
+    f.write(
+        "sys/devices/pci0000:16/0000:16:01.0/0000:18:00.0/net/ens8/flags",
+        "0x1003",
+    );
+    let t = Topology::from_file_merged(&file, f.path()).unwrap();
+    assert_eq!(t.gpus.len(), 1, "{:?}", t.warnings);
+    assert_eq!(t.gpus[0].busid.as_deref(), Some("0000:17:00.0"));
+    assert_eq!(t.nics.len(), 1);
+    assert_eq!(
+        t.nics[0].netdevs,
+        ["ens8"],
+        "interface names from the live sysfs"
+    );
+    let w = t.warnings.join("\n");
+    assert!(
+        w.contains(
+            "2 PCI device(s) without class=: class and vendor taken from this machine's sysfs"
+        ),
+        "{w}"
+    );
+    assert!(!w.contains("NO GPU AND NO NIC"), "{w}");
+    // A live system without those bus ids: still loud, and says why.
+    let g = FakeSys::new("partial-empty");
+    g.numa(0, "0-7", 0);
+    let t = Topology::from_file_merged(&file, g.path()).unwrap();
+    let w = t.warnings.join("\n");
+    assert!(
+        w.contains("this machine's sysfs has none of those bus ids"),
+        "{w}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -145,7 +145,14 @@ pub(super) fn validate(
                 }
                 if let Step::NodeAllToAll { blocks, .. } = s {
                     for b in blocks {
-                        in_bounds(i, &Region { buf: Buf::Input, ..*b }, false)?;
+                        in_bounds(
+                            i,
+                            &Region {
+                                buf: Buf::Input,
+                                ..*b
+                            },
+                            false,
+                        )?;
                     }
                 }
                 for (j, sl) in slices.iter().enumerate() {

@@ -65,8 +65,11 @@ fn main() {
         println!("{}", perf::USAGE.replace("railperf", "mpiperf"));
         return;
     }
-    if !opts.rest.is_empty() && first_rank() {
-        eprintln!("mpiperf: ignoring option(s) {}", opts.rest.join(" "));
+    if opts.vs_mpi {
+        if first_rank() {
+            eprintln!("mpiperf: --vs-mpi belongs to railperf (it points to railcompare)");
+        }
+        std::process::exit(2);
     }
     let skipped: Vec<&str> = opts
         .dtypes

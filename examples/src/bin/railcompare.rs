@@ -80,11 +80,19 @@ fn run(mut a: Args) -> Result<i32, String> {
     if o.json.is_some() {
         return Err("benchmark arguments: leave -J out (railcompare adds its own); use railcompare --json FILE".into());
     }
-    if !o.rest.is_empty() {
-        return Err(format!(
-            "benchmark arguments: unknown option(s) {}",
-            o.rest.join(" ")
-        ));
+    // mpiperf's calls are blocking: unless told otherwise, railperf's are too, so the two
+    // columns measure the same thing.
+    let gave_z = a
+        .perf
+        .iter()
+        .any(|x| x == "-z" || x == "--blocking" || x.starts_with("--blocking="));
+    if !gave_z {
+        a.perf.extend(["-z".to_string(), "1".to_string()]);
+    } else if !o.blocking {
+        println!("# note: railring with non-blocking calls (-z 0), MPI with blocking calls (mpiperf has no non-blocking mode)");
+    }
+    if o.csv.is_some() {
+        return Err("benchmark arguments: leave --csv out (railcompare runs several rounds); use railcompare --json FILE".into());
     }
     let tools = find_tools()?;
     let title = format!("{} over {} ranks", o.coll.name(), a.np);

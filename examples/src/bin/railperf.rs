@@ -21,7 +21,7 @@ fn main() {
         println!("{}", perf::USAGE);
         return;
     }
-    if opts.rest.iter().any(|a| a == "--vs-mpi") {
+    if opts.vs_mpi {
         // The comparison is two jobs (mpirun + railrun), so it cannot run inside one: rank 0
         // points to railcompare with the same arguments (one write, exit 2); the other ranks
         // leave quietly with 0 so the launcher does not end the job before rank 0 has said it.

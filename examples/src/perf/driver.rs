@@ -90,7 +90,13 @@ pub fn measure(
         prepare(call, &l, me, &mut b2, inplace);
         let inp: Vec<u8> = bytes(&mut b2.input, in_bytes).to_vec();
         let ob = bytes(&mut b2.output, out_bytes);
-        be.call(call, if inplace { None } else { Some(&inp) }, ob)?;
+        let inp = if inplace { None } else { Some(&inp[..]) };
+        // The checked call goes the way the timed ones went.
+        if o.blocking {
+            be.call(call, inp, ob)?;
+        } else {
+            be.calls(1, call, inp, ob)?;
+        }
         let res: &[u8] = match (c, inplace) {
             (Coll::ReduceScatter, true) => {
                 &ob[me * l.count * dtype.size()..(me + 1) * l.count * dtype.size()]
@@ -138,9 +144,9 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
             be.name(),
             c.name(),
             if o.blocking {
-                "blocking calls"
+                "blocking calls".to_string()
             } else {
-                "non-blocking calls"
+                be.calls_label(c)
             }
         );
         for l in &lines {
@@ -224,12 +230,50 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
             }
         );
         println!("#");
+        if let Some(path) = &o.csv {
+            let calls = if o.blocking || c == Coll::SendRecv {
+                "blocking"
+            } else {
+                "non-blocking"
+            };
+            std::fs::write(path, csv(&rows, calls)).map_err(|e| format!("writing {path}: {e}"))?;
+        }
         if let Some(path) = &o.json {
             let js = serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?;
             std::fs::write(path, js + "\n").map_err(|e| format!("writing {path}: {e}"))?;
         }
     }
     Ok(total_wrong)
+}
+
+/// The CSV columns of `--csv`, one row per measurement (each row of the table is two: out of
+/// place and in place).
+pub const CSV_HEADER: &str =
+    "collective,library,nranks,size,count,type,redop,root,placement,time_us,algbw,busbw,wrong,calls";
+
+/// `rows` as CSV (header line first); `calls` is `blocking` or `non-blocking`.
+pub fn csv(rows: &[Row], calls: &str) -> String {
+    let mut out = String::from(CSV_HEADER);
+    out.push('\n');
+    for r in rows {
+        for (place, t, alg, bus, wrong) in [
+            (
+                "out-of-place",
+                r.oop_time_us,
+                r.oop_algbw,
+                r.oop_busbw,
+                r.oop_wrong,
+            ),
+            ("in-place", r.ip_time_us, r.ip_algbw, r.ip_busbw, r.ip_wrong),
+        ] {
+            let _ = writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{place},{t:.3},{alg:.4},{bus:.4},{wrong},{calls}",
+                r.collective, r.library, r.nranks, r.size, r.count, r.dtype, r.redop, r.root
+            );
+        }
+    }
+    out
 }
 
 pub fn format_row(r: &Row) -> String {

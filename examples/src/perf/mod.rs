@@ -18,7 +18,7 @@ mod options;
 mod railring_backend;
 
 pub use data::{layout, Layout};
-pub use driver::{format_row, measure, run_with, Row};
+pub use driver::{csv, format_row, measure, run_with, Row, CSV_HEADER};
 pub use options::{Coll, Options, USAGE};
 pub use railring_backend::{run, Railring};
 
@@ -42,7 +42,8 @@ pub trait Backend {
     /// One call. Out-of-place when `input` is `Some` (its length depends on the collective; see
     /// [`Layout`]), in-place otherwise.
     fn call(&self, call: &Call, input: Option<&[u8]>, output: &mut [u8]) -> Result<(), String>;
-    /// `iters` calls back to back (non-blocking implementations may overlap them).
+    /// `iters` calls back to back (`-z 0`; non-blocking implementations overlap them and
+    /// say so in [`Backend::calls_label`]).
     fn calls(
         &self,
         iters: usize,
@@ -54,6 +55,12 @@ pub trait Backend {
             self.call(call, input, output)?;
         }
         Ok(())
+    }
+    /// How [`Backend::calls`] makes its calls, for the table's header: the default `calls` is
+    /// blocking calls back to back.
+    fn calls_label(&self, coll: Coll) -> String {
+        let _ = coll;
+        "blocking calls".into()
     }
     fn barrier(&self) -> Result<(), String>;
     /// Reduce one f64 over ranks (sum, min or max), result everywhere.

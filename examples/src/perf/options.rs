@@ -17,7 +17,14 @@ collectives: allreduce reducescatter allgather broadcast reduce alltoall sendrec
   -a, --average 0-3     time reported: 0 rank 0, 1 average, 2 minimum, 3 maximum (default 1)
   -z, --blocking 0/1    0: start all iterations then wait (non-blocking API); 1: blocking calls (default 0)
   -J, --output_file F   also write results as JSON rows to F
-  -h, --help";
+  --csv F               also write results as CSV to F, one row per measurement (columns:
+                        collective,library,nranks,size,count,type,redop,root,placement,
+                        time_us,algbw,busbw,wrong,calls; placement is out-of-place or in-place,
+                        calls blocking or non-blocking; bandwidths in GB/s)
+  --vs-mpi              say how to compare with MPI (railcompare)
+  -h, --help
+Unknown options are errors (exit 2). Accepted for nccl-tests compatibility, without effect:
+  -t/--nthreads, -g/--ngpus, -m/--agg_iters, -G/--cudagraph, -p/--parallel_init (each with a value)";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Coll {
@@ -93,9 +100,11 @@ pub struct Options {
     pub average: u8,
     pub blocking: bool,
     pub json: Option<String>,
+    /// `--csv F`: one CSV row per measurement.
+    pub csv: Option<String>,
     pub help: bool,
-    /// Extra flags not from nccl-tests (handled by the callers).
-    pub rest: Vec<String>,
+    /// `--vs-mpi`: point to railcompare (railperf's binary handles it).
+    pub vs_mpi: bool,
 }
 
 impl Options {
@@ -115,8 +124,9 @@ impl Options {
             average: 1,
             blocking: false,
             json: None,
+            csv: None,
             help: false,
-            rest: vec![],
+            vs_mpi: false,
         };
         let mut coll = None;
         let mut it = args.iter().peekable();
@@ -176,17 +186,21 @@ impl Options {
                 }
                 "-z" | "--blocking" => o.blocking = num(val("-z")?, "-z")? != 0,
                 "-J" | "--output_file" => o.json = Some(val("-J")?),
+                "--csv" => o.csv = Some(val("--csv")?),
+                "--vs-mpi" => o.vs_mpi = true,
                 "-h" | "--help" => o.help = true,
                 // accepted for command-line compatibility with nccl-tests; no meaning here
                 "-t" | "--nthreads" | "-g" | "--ngpus" | "-m" | "--agg_iters" | "-G"
                 | "--cudagraph" | "-p" | "--parallel_init" => {
                     val(&flag)?;
                 }
-                f if f.starts_with("--") => o.rest.push(a.clone()),
                 f if coll.is_none() && !f.starts_with('-') => {
                     coll = Some(Coll::parse(f).ok_or_else(|| format!("unknown collective '{f}'"))?);
                 }
-                f => return Err(format!("unknown option '{f}'")),
+                f if f.starts_with('-') => {
+                    return Err(format!("unknown option '{f}' (railperf --help lists them)"))
+                }
+                f => return Err(format!("unexpected argument '{f}' after the collective")),
             }
         }
         o.coll = coll.unwrap_or(Coll::AllReduce);
@@ -256,6 +270,35 @@ mod tests {
         assert!(Options::parse(&["-b".into(), "9".into(), "-e".into(), "8".into()]).is_err());
         assert!(Options::parse(&["bogus".into()]).is_err());
         assert!(Options::parse(&["-n".into()]).is_err());
+        // Unknown options are errors naming the option, long or short, anywhere.
+        for bad in [
+            "allreduce --frob",
+            "--minbytes=8 --iters-typo 3",
+            "-q allreduce",
+            "allreduce extra",
+            "allreduce --csv",
+        ] {
+            let a: Vec<String> = bad.split(' ').map(String::from).collect();
+            let e = Options::parse(&a).unwrap_err();
+            let name = bad
+                .split(' ')
+                .find(|w| {
+                    *w == "--frob"
+                        || *w == "--iters-typo"
+                        || *w == "-q"
+                        || *w == "extra"
+                        || *w == "--csv"
+                })
+                .unwrap();
+            assert!(e.contains(name), "{bad}: {e}");
+        }
+        let a: Vec<String> = "allreduce --csv out.csv --vs-mpi -t 1"
+            .split(' ')
+            .map(String::from)
+            .collect();
+        let o = Options::parse(&a).unwrap();
+        assert_eq!(o.csv.as_deref(), Some("out.csv"));
+        assert!(o.vs_mpi);
     }
     #[test]
     fn bus_factors() {

@@ -4,17 +4,26 @@
 //!
 //! * Open MPI: `[user@]host [slots=N] [max_slots=M] [user=NAME]`
 //!   (also `slots = N`, `count=`/`cpu=` for slots, `max-slots=`,
-//!   `slots_max=`, `slots-max=`, `username=`); no `slots=` means 1 slot, or
-//!   `max_slots` when only that is given (as Open MPI does).
-//! * Hydra: `[user@]host:N` (no `:N` means 1 slot).
+//!   `slots_max=`, `slots-max=`, `username=`); `max_slots` alone sets the slots too.
+//! * Hydra: `[user@]host:N`.
+//! * `^host` (Open MPI): leave `host` out, although another line lists it.
 //! * `#` starts a comment anywhere on a line; blank lines are ignored.
 //! * A host named on several lines gets the sum of their slots (Open MPI);
 //!   its `max_slots` is the sum too, or unlimited if any line left it out.
+//!
+//! Where the families disagree — a line that gives no count — the file follows the family its
+//! syntax shows ([`Family`]): the first line written in one family's syntax decides; a file of
+//! bare host names follows the command line's hint (Hydra-only options), else Open MPI. An
+//! Open MPI line without a count has as many slots as the host has cores (Open MPI 4 and 5;
+//! railrun counts this machine's cores, see [`HostfileRules`]); a Hydra line without a count
+//! takes one rank per pass (1 slot), and Hydra cycles over the lines ([`Hostfile::lines`]).
 //!
 //! `-H a,b:2,user@c:3` items are Hydra items; a host named twice gets the sum.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+
+use serde::Serialize;
 
 use super::{
     preview, problem, valid_hostname, HostEntry, HostError, Merger, Problem, MAX_HOSTFILE_BYTES,
@@ -119,8 +128,74 @@ fn join_equals(s: &str) -> String {
     out
 }
 
+/// Which MPI family's rules a hostfile follows where the two disagree (lines without a count,
+/// and how ranks go round the hosts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// `host slots=N`: a line without a count has the host's cores as slots; by-slot filling.
+    #[default]
+    OpenMpi,
+    /// `host:N`: a line without a count takes one rank per pass; ranks cycle over the lines.
+    Hydra,
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::OpenMpi => "Open MPI",
+            Family::Hydra => "Hydra",
+        })
+    }
+}
+
+/// How to read the lines of a hostfile that give no count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostfileRules {
+    /// Slots of an Open MPI line without `slots=`. Open MPI counts each host's cores; railrun
+    /// cannot ask a host before it starts, so it counts this machine's cores.
+    pub openmpi_bare_slots: usize,
+    /// The family of a file whose syntax shows none (bare host names only): Hydra when the
+    /// command line uses Hydra-only options, else `None` (Open MPI).
+    pub hint: Option<Family>,
+}
+
+impl Default for HostfileRules {
+    fn default() -> Self {
+        HostfileRules {
+            openmpi_bare_slots: 1,
+            hint: None,
+        }
+    }
+}
+
+/// A parsed hostfile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hostfile {
+    /// Hosts in order of first appearance, repeats merged (slots summed).
+    pub hosts: Vec<HostEntry>,
+    /// Every host line in file order: (index into `hosts`, its count).
+    pub lines: Vec<(usize, usize)>,
+    pub family: Family,
+    /// Why the file follows `family` (for messages).
+    pub family_reason: String,
+    /// Whether a line's syntax decided the family (else the command line or the default did).
+    pub family_from_syntax: bool,
+    /// Line numbers of host lines that gave no count.
+    pub bare_lines: Vec<usize>,
+}
+
+/// What a line's syntax shows.
+struct Line {
+    entry: HostEntry,
+    /// The count it gave (`slots=`, `max_slots=` or `:N`).
+    count: Option<usize>,
+    /// The family its syntax shows, if any.
+    syntax: Option<Family>,
+}
+
 /// Parse one comment-stripped, non-blank hostfile line.
-fn parse_line(line: &str) -> Result<HostEntry, Problem> {
+fn parse_line(line: &str) -> Result<Line, Problem> {
     let norm = join_equals(line);
     let mut toks = norm.split(' ');
     let first = toks.next().unwrap_or("");
@@ -139,8 +214,13 @@ fn parse_line(line: &str) -> Result<HostEntry, Problem> {
                 "end of line (use either `host:N` or `host slots=N`, not both)",
             ));
         }
-        return Ok(entry);
+        return Ok(Line {
+            count: Some(entry.slots),
+            entry,
+            syntax: Some(Family::Hydra),
+        });
     }
+    let mut attrs = false;
     let (mut user, name) = parse_user_host(first)?;
     let mut slots: Option<usize> = None;
     let mut max_slots: Option<usize> = None;
@@ -152,6 +232,7 @@ fn parse_line(line: &str) -> Result<HostEntry, Problem> {
             ));
         };
         let canon = key.to_ascii_lowercase();
+        attrs = true;
         match canon.as_str() {
             "slots" | "count" | "cpu" => {
                 if slots.is_some() {
@@ -194,38 +275,57 @@ fn parse_line(line: &str) -> Result<HostEntry, Problem> {
         }
     }
     // Open MPI: max_slots alone sets slots to max_slots.
-    let slots = slots.or(max_slots).unwrap_or(1);
-    if let Some(m) = max_slots {
-        if m < slots {
+    let count = slots.or(max_slots);
+    if let (Some(m), Some(s)) = (max_slots, count) {
+        if m < s {
             return Err(problem(
-                format!("max_slots={m} below slots={slots}"),
+                format!("max_slots={m} below slots={s}"),
                 "max_slots >= slots",
             ));
         }
     }
-    Ok(HostEntry {
-        name,
-        user,
-        slots,
-        max_slots,
-        origin: None,
+    Ok(Line {
+        entry: HostEntry {
+            name,
+            user,
+            slots: count.unwrap_or(1),
+            max_slots,
+            origin: None,
+        },
+        count,
+        syntax: attrs.then_some(Family::OpenMpi),
     })
 }
 
-/// Parse hostfile text; `name` is used in error messages and origins.
-/// Returns hosts in order of first appearance, repeats merged.
+/// Parse hostfile text with the default rules (a line without a count has 1 slot); `name` is
+/// used in error messages and origins. Returns hosts in order of first appearance, repeats
+/// merged.
 pub fn parse_hostfile_str(text: &str, name: &str) -> Result<Vec<HostEntry>, HostError> {
-    parse_hostfile_bytes(text.as_bytes(), name)
+    Ok(parse_hostfile_bytes(text.as_bytes(), name, &HostfileRules::default())?.hosts)
 }
 
-fn parse_hostfile_bytes(bytes: &[u8], name: &str) -> Result<Vec<HostEntry>, HostError> {
-    let mut m = Merger::new();
+/// Parse hostfile text under `rules` (see [`Family`]).
+pub fn parse_hostfile_text(
+    text: &str,
+    name: &str,
+    rules: &HostfileRules,
+) -> Result<Hostfile, HostError> {
+    parse_hostfile_bytes(text.as_bytes(), name, rules)
+}
+
+fn parse_hostfile_bytes(
+    bytes: &[u8],
+    name: &str,
+    rules: &HostfileRules,
+) -> Result<Hostfile, HostError> {
     let err = |line: usize, (found, expected): Problem| HostError::Syntax {
         file: name.to_string(),
         line,
         found,
         expected,
     };
+    let mut lines: Vec<(usize, Line)> = Vec::new();
+    let mut excluded: Vec<(usize, String)> = Vec::new();
     for (i, raw) in bytes.split(|&c| c == b'\n').enumerate() {
         let lineno = i + 1;
         if raw.len() > MAX_LINE_LEN {
@@ -251,16 +351,114 @@ fn parse_hostfile_bytes(bytes: &[u8], name: &str) -> Result<Vec<HostEntry>, Host
         if line.is_empty() {
             continue;
         }
-        let mut entry = parse_line(line).map_err(|p| err(lineno, p))?;
-        entry.origin = Some((PathBuf::from(name), lineno));
-        m.add(entry).map_err(|p| err(lineno, p))?;
+        if let Some(rest) = line.strip_prefix('^') {
+            let (_, host) = parse_user_host(rest.trim()).map_err(|p| err(lineno, p))?;
+            excluded.push((lineno, host));
+            continue;
+        }
+        if lines.len() >= MAX_HOSTS {
+            return Err(err(
+                lineno,
+                problem(
+                    format!("more than {MAX_HOSTS} host lines"),
+                    format!("at most {MAX_HOSTS} lines"),
+                ),
+            ));
+        }
+        let mut l = parse_line(line).map_err(|p| err(lineno, p))?;
+        l.entry.origin = Some((PathBuf::from(name), lineno));
+        lines.push((lineno, l));
     }
-    Ok(m.hosts)
+    // The family: the first line whose syntax shows one; else the command line's hint.
+    let shown = lines.iter().find_map(|(n, l)| l.syntax.map(|f| (*n, f)));
+    let (family, family_reason) = match shown {
+        Some((n, f)) => (
+            f,
+            format!(
+                "{name}:{n} uses {f} syntax (`{}`)",
+                if f == Family::Hydra {
+                    "host:N"
+                } else {
+                    "host slots=N"
+                }
+            ),
+        ),
+        None => match rules.hint {
+            Some(f) => (
+                f,
+                format!("{name} gives no counts and the command line uses {f} options"),
+            ),
+            None => (
+                Family::OpenMpi,
+                format!("{name} gives no counts: Open MPI's rules (railrun's default family)"),
+            ),
+        },
+    };
+    let bare_slots = match family {
+        Family::OpenMpi => rules.openmpi_bare_slots.clamp(1, MAX_SLOTS),
+        Family::Hydra => 1,
+    };
+    let mut m = Merger::new();
+    let mut seq = Vec::with_capacity(lines.len());
+    let mut bare_lines = Vec::new();
+    for (lineno, mut l) in lines {
+        if l.count.is_none() {
+            l.entry.slots = bare_slots;
+            bare_lines.push(lineno);
+        }
+        let count = l.entry.slots;
+        let host = l.entry.name.clone();
+        m.add(l.entry).map_err(|p| err(lineno, p))?;
+        seq.push((m.index[&host], count));
+    }
+    let mut hf = Hostfile {
+        hosts: m.hosts,
+        lines: seq,
+        family,
+        family_reason,
+        family_from_syntax: shown.is_some(),
+        bare_lines,
+    };
+    for (lineno, host) in excluded {
+        let Some(i) = hf
+            .hosts
+            .iter()
+            .position(|h| h.name.eq_ignore_ascii_case(&host))
+        else {
+            return Err(err(
+                lineno,
+                problem(
+                    format!("`^{host}` excludes a host no line lists"),
+                    "`^host` naming a host of this file (or remove the line)",
+                ),
+            ));
+        };
+        hf.remove_host(i);
+    }
+    Ok(hf)
+}
+
+impl Hostfile {
+    /// Leave host `i` out (an exclusion).
+    pub fn remove_host(&mut self, i: usize) {
+        self.hosts.remove(i);
+        self.lines.retain(|&(h, _)| h != i);
+        for l in &mut self.lines {
+            if l.0 > i {
+                l.0 -= 1;
+            }
+        }
+    }
 }
 
 /// Read and parse a hostfile (Open MPI and Hydra syntax, auto-detected per
-/// line). A file with only comments gives `Ok(vec![])`.
+/// line) with the default rules. A file with only comments gives `Ok(vec![])`.
 pub fn parse_hostfile(path: &Path) -> Result<Vec<HostEntry>, HostError> {
+    Ok(read_hostfile(path, &HostfileRules::default())?.hosts)
+}
+
+/// Read and parse a hostfile under `rules` (see [`Family`]).
+pub fn read_hostfile(path: &Path, rules: &HostfileRules) -> Result<Hostfile, HostError> {
     let f = std::fs::File::open(path).map_err(|source| HostError::Io {
         path: path.to_path_buf(),
         source,
@@ -278,7 +476,7 @@ pub fn parse_hostfile(path: &Path) -> Result<Vec<HostEntry>, HostError> {
             limit: MAX_HOSTFILE_BYTES,
         });
     }
-    parse_hostfile_bytes(&buf, &path.display().to_string())
+    parse_hostfile_bytes(&buf, &path.display().to_string(), rules)
 }
 
 /// Parse the items of `-H/--host`, keeping whether each gave `:N`.
@@ -479,7 +677,8 @@ mod tests {
         let long = format!("a slots=1 {}\n", "x".repeat(MAX_LINE_LEN));
         let (_, e) = syntax_err(&long);
         assert!(e.contains("bytes"), "{e}");
-        let bin = parse_hostfile_bytes(b"a\n\xff\xfe\n", "bin").unwrap_err();
+        let bin =
+            parse_hostfile_bytes(b"a\n\xff\xfe\n", "bin", &HostfileRules::default()).unwrap_err();
         assert!(bin.to_string().starts_with("bin:2: "), "{bin}");
         // Repeats cannot push slots past the cap.
         let text = "a slots=1000000\na slots=1\n";
@@ -490,6 +689,66 @@ mod tests {
         assert!(missing
             .to_string()
             .contains("/nonexistent/railrun-hostfile"));
+    }
+
+    fn rules(cores: usize, hint: Option<Family>) -> HostfileRules {
+        HostfileRules {
+            openmpi_bare_slots: cores,
+            hint,
+        }
+    }
+
+    #[test]
+    fn lines_without_counts_follow_the_family_the_file_shows() {
+        // Open MPI syntax anywhere: bare lines get the cores (Open MPI 4/5), the lines stay
+        // in order for --map-by seq.
+        let hf = parse_hostfile_text("a\nb slots=2\nc\n", "hf", &rules(8, None)).unwrap();
+        assert_eq!(hf.family, Family::OpenMpi);
+        assert!(hf.family_from_syntax);
+        assert!(hf.family_reason.contains("hf:2"), "{}", hf.family_reason);
+        assert_eq!(names_slots(&hf.hosts), ns(&[("a", 8), ("b", 2), ("c", 8)]));
+        assert_eq!(hf.bare_lines, [1, 3]);
+        assert_eq!(hf.lines, [(0, 8), (1, 2), (2, 8)]);
+        // Hydra syntax: bare lines take 1 (one rank per pass); repeated hosts keep their lines.
+        let hf = parse_hostfile_text("a:2\nb\na\n", "hf", &rules(8, None)).unwrap();
+        assert_eq!(hf.family, Family::Hydra);
+        assert_eq!(names_slots(&hf.hosts), ns(&[("a", 3), ("b", 1)]));
+        assert_eq!(hf.lines, [(0, 2), (1, 1), (0, 1)]);
+        // Only bare names: the command line's hint, else Open MPI.
+        let hf = parse_hostfile_text("a\nb\n", "hf", &rules(4, Some(Family::Hydra))).unwrap();
+        assert_eq!((hf.family, hf.family_from_syntax), (Family::Hydra, false));
+        assert_eq!(names_slots(&hf.hosts), ns(&[("a", 1), ("b", 1)]));
+        let hf = parse_hostfile_text("a\nb\n", "hf", &rules(4, None)).unwrap();
+        assert_eq!(hf.family, Family::OpenMpi);
+        assert_eq!(names_slots(&hf.hosts), ns(&[("a", 4), ("b", 4)]));
+        // A user= attribute shows Open MPI syntax without giving a count.
+        let hf = parse_hostfile_text("a user=bob\nb:3\n", "hf", &rules(6, None)).unwrap();
+        assert_eq!(hf.family, Family::OpenMpi);
+        assert_eq!(names_slots(&hf.hosts), ns(&[("a", 6), ("b", 3)]));
+        // max_slots still bounds a bare Open MPI line's count? It gives the count itself.
+        let hf = parse_hostfile_text("a max_slots=3\n", "hf", &rules(6, None)).unwrap();
+        assert_eq!((hf.hosts[0].slots, hf.hosts[0].max_slots), (3, Some(3)));
+    }
+
+    #[test]
+    fn a_host_listed_twice_sums_its_slots() {
+        // Open MPI sums; the same rule for bare lines (cores each).
+        let hf = parse_hostfile_text("a slots=2\nb\na\n", "hf", &rules(4, None)).unwrap();
+        assert_eq!(names_slots(&hf.hosts), ns(&[("a", 6), ("b", 4)]));
+    }
+
+    #[test]
+    fn caret_lines_exclude_hosts() {
+        let hf =
+            parse_hostfile_text("a slots=2\nb slots=2\nc\n^b\n", "hf", &rules(1, None)).unwrap();
+        assert_eq!(names_slots(&hf.hosts), ns(&[("a", 2), ("c", 1)]));
+        assert_eq!(hf.lines, [(0, 2), (1, 1)]);
+        let (line, e) = match parse_hostfile_text("a\n^zz\n", "hf", &rules(1, None)) {
+            Err(e @ HostError::Syntax { line, .. }) => (line, e.to_string()),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(line, 2);
+        assert!(e.contains("`^zz` excludes a host no line lists"), "{e}");
     }
 
     #[test]

@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 use railring::hostlist;
 use serde::Serialize;
 
-pub use hostfile::{parse_host_arg, parse_hostfile, parse_hostfile_str};
+pub use hostfile::{
+    parse_host_arg, parse_hostfile, parse_hostfile_str, parse_hostfile_text, read_hostfile, Family,
+    Hostfile, HostfileRules,
+};
 pub use slurm::hosts_from_slurm_env;
 
 /// Largest hostfile read, in bytes.
@@ -89,19 +92,86 @@ pub enum SourceKind {
 pub struct HostSource {
     pub hosts: Vec<HostEntry>,
     pub kind: SourceKind,
+    /// Whose placement rules apply by default: Hydra for a Hydra hostfile (ranks cycle over
+    /// its lines), Open MPI otherwise.
+    pub family: Family,
+    /// The hosts line by line (hostfile lines or `-H` items, in order): (index into `hosts`,
+    /// count). Hydra's cycle and `--map-by seq` follow it.
+    pub lines: Vec<(usize, usize)>,
+    /// What railrun assumed while reading the source, for the user to see (one line each).
+    pub notes: Vec<String>,
 }
 
 impl HostSource {
+    /// `hosts` in order, one line each, Open MPI rules.
     pub fn new(hosts: Vec<HostEntry>, kind: SourceKind) -> Self {
-        HostSource { hosts, kind }
+        let lines = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (i, h.slots))
+            .collect();
+        HostSource {
+            hosts,
+            kind,
+            family: Family::OpenMpi,
+            lines,
+            notes: Vec::new(),
+        }
+    }
+
+    /// A hostfile's hosts, lines and family.
+    fn from_hostfile(hf: Hostfile, kind: SourceKind) -> Self {
+        HostSource {
+            hosts: hf.hosts,
+            kind,
+            family: hf.family,
+            lines: hf.lines,
+            notes: Vec::new(),
+        }
     }
 
     /// The implicit localhost source with `slots` slots.
     pub fn implicit_localhost(slots: usize) -> Self {
-        HostSource {
-            hosts: vec![HostEntry::new("localhost", slots.max(1))],
-            kind: SourceKind::ImplicitLocalhost,
+        HostSource::new(
+            vec![HostEntry::new("localhost", slots.max(1))],
+            SourceKind::ImplicitLocalhost,
+        )
+    }
+
+    /// Leave out the hosts `drop` says (their lines too).
+    fn retain_hosts(&mut self, keep: impl Fn(&HostEntry) -> bool) {
+        let mut new_index = vec![usize::MAX; self.hosts.len()];
+        let mut hosts = Vec::new();
+        for (i, h) in std::mem::take(&mut self.hosts).into_iter().enumerate() {
+            if keep(&h) {
+                new_index[i] = hosts.len();
+                hosts.push(h);
+            }
         }
+        self.hosts = hosts;
+        self.lines = self
+            .lines
+            .iter()
+            .filter(|(h, _)| new_index[*h] != usize::MAX)
+            .map(|&(h, c)| (new_index[h], c))
+            .collect();
+    }
+
+    /// `--nolocal`: leave out every host that is this machine. No host left is an error.
+    pub fn without_local(mut self, is_local: impl Fn(&str) -> bool) -> Result<Self, HostError> {
+        if self.is_implicit() {
+            return Err(HostError::NoLocal {
+                why: "no host source was given, so the only host is this machine; give --hostfile or -H".into(),
+            });
+        }
+        let before = self.hosts.len();
+        self.retain_hosts(|h| !is_local(&h.name));
+        if self.hosts.is_empty() {
+            return Err(HostError::NoLocal {
+                why: format!("all {before} host(s) of the {} are this machine", self.kind),
+            });
+        }
+        Ok(self)
     }
 
     /// True when no host source was given: placement then allows
@@ -173,6 +243,15 @@ pub enum HostError {
         max_slots: usize,
         path: PathBuf,
     },
+    /// `--nolocal` leaves no host.
+    #[error("--nolocal: {why}")]
+    NoLocal { why: String },
+    /// `-H ^host` names a host the source does not have.
+    #[error("--host ^{host}: not among the hosts to exclude it from ({available})")]
+    ExcludeUnknown { host: String, available: String },
+    /// `-H` lists only exclusions and there is nothing to exclude from.
+    #[error("--host {arg}: only exclusions (`^host`), but there is no --hostfile or Slurm allocation to exclude them from")]
+    ExcludeFromNothing { arg: String },
     /// An explicitly given hostfile lists no hosts.
     #[error("{}: hostfile lists no hosts; expected at least one `host [slots=N]` or `host:N` line", path.display())]
     EmptyHostfile { path: PathBuf },
@@ -325,37 +404,129 @@ fn same_host(a: &str, b: &str) -> bool {
 /// 4. The Slurm allocation when `SLURM_JOB_NODELIST`/`SLURM_NODELIST` is set.
 /// 5. Implicit localhost with [`local_cpu_count`] slots, flagged so placement
 ///    allows oversubscription.
+///
+/// `-H ^host` items remove hosts from what the other items (or the hostfile, or the Slurm
+/// allocation) give. Hostfile lines without a count follow [`HostfileRules::default`] here;
+/// [`resolve_hosts_with`] takes the rules.
 pub fn resolve_hosts(
     hostfile: Option<&Path>,
     host_arg: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<HostSource, HostError> {
-    match (hostfile, host_arg) {
-        (Some(path), Some(arg)) => hostfile_subset(path, arg),
-        (None, Some(arg)) => Ok(HostSource::new(parse_host_arg(arg)?, SourceKind::HostArg)),
+    resolve_hosts_with(hostfile, host_arg, env, &HostfileRules::default())
+}
+
+/// [`resolve_hosts`] with the rules for hostfile lines without a count.
+pub fn resolve_hosts_with(
+    hostfile: Option<&Path>,
+    host_arg: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+    rules: &HostfileRules,
+) -> Result<HostSource, HostError> {
+    let (include, exclude) = match host_arg {
+        Some(arg) => {
+            let (inc, exc) = split_exclusions(arg);
+            if exc.is_empty() {
+                (Some(arg.to_string()), exc)
+            } else if inc.is_empty() {
+                if hostfile.is_none() && hosts_from_slurm_env(env)?.is_none() {
+                    return Err(HostError::ExcludeFromNothing { arg: preview(arg) });
+                }
+                (None, exc)
+            } else {
+                (Some(inc.join(",")), exc)
+            }
+        }
+        None => (None, Vec::new()),
+    };
+    let mut src = match (hostfile, include.as_deref()) {
+        (Some(path), Some(arg)) => hostfile_subset(path, arg, rules)?,
+        (None, Some(arg)) => HostSource::new(parse_host_arg(arg)?, SourceKind::HostArg),
         (Some(path), None) => {
-            let hosts = parse_hostfile(path)?;
-            if hosts.is_empty() {
+            let hf = read_hostfile(path, rules)?;
+            if hf.hosts.is_empty() {
                 return Err(HostError::EmptyHostfile {
                     path: path.to_path_buf(),
                 });
             }
-            Ok(HostSource::new(
-                hosts,
-                SourceKind::Hostfile(path.to_path_buf()),
-            ))
+            let mut src =
+                HostSource::from_hostfile(hf.clone(), SourceKind::Hostfile(path.to_path_buf()));
+            src.notes.extend(bare_note(&hf, rules));
+            src
         }
         (None, None) => match hosts_from_slurm_env(env)? {
-            Some(hosts) => Ok(HostSource::new(hosts, SourceKind::Slurm)),
-            None => Ok(HostSource::implicit_localhost(local_cpu_count())),
+            Some(hosts) => HostSource::new(hosts, SourceKind::Slurm),
+            None => HostSource::implicit_localhost(local_cpu_count()),
         },
+    };
+    for host in exclude {
+        if !src.hosts.iter().any(|h| same_host(&h.name, &host)) {
+            let mut avail: Vec<&str> = src.hosts.iter().take(8).map(|h| h.name.as_str()).collect();
+            if src.hosts.len() > 8 {
+                avail.push("...");
+            }
+            return Err(HostError::ExcludeUnknown {
+                host,
+                available: avail.join(", "),
+            });
+        }
+        src.retain_hosts(|h| !same_host(&h.name, &host));
     }
+    if src.hosts.is_empty() {
+        return Err(HostError::HostArg {
+            item: preview(host_arg.unwrap_or_default()),
+            found: "every host excluded".into(),
+            expected: "at least one host left after the `^host` exclusions".into(),
+        });
+    }
+    Ok(src)
+}
+
+/// `-H` items that start with `^` (exclusions, without the `^`) apart from the others.
+fn split_exclusions(arg: &str) -> (Vec<String>, Vec<String>) {
+    let mut inc = Vec::new();
+    let mut exc = Vec::new();
+    for item in arg.split(',') {
+        match item.trim().strip_prefix('^') {
+            Some(h) => exc.push(h.trim().to_string()),
+            None => inc.push(item.to_string()),
+        }
+    }
+    (inc, exc)
+}
+
+/// The note for an Open MPI hostfile's lines without `slots=` (their slot count is assumed).
+fn bare_note(hf: &Hostfile, rules: &HostfileRules) -> Option<String> {
+    let first = *hf.bare_lines.first()?;
+    let (file, _) = hf
+        .hosts
+        .iter()
+        .find_map(|h| h.origin.clone())
+        .unwrap_or_default();
+    let n = hf.bare_lines.len();
+    Some(match hf.family {
+        Family::OpenMpi => format!(
+            "{}:{first}: {n} line(s) without slots=: {} slot(s) each, this machine's cores (Open MPI counts each host's cores; railrun cannot ask a host before it starts: write slots=N to say otherwise) [{}]",
+            file.display(),
+            rules.openmpi_bare_slots.max(1),
+            hf.family_reason
+        ),
+        Family::Hydra if hf.family_from_syntax => return None,
+        Family::Hydra => format!(
+            "{}:{first}: {n} line(s) without a count: one rank per host per pass, cycling over the lines (Hydra) [{}]",
+            file.display(),
+            hf.family_reason
+        ),
+    })
 }
 
 /// `--hostfile` narrowed by `-H`: the hostfile's hosts that `-H` names, in hostfile order, with
 /// the hostfile's slots unless `-H host:N` overrides them (within `max_slots`).
-fn hostfile_subset(path: &Path, arg: &str) -> Result<HostSource, HostError> {
-    let file_hosts = parse_hostfile(path)?;
+fn hostfile_subset(path: &Path, arg: &str, rules: &HostfileRules) -> Result<HostSource, HostError> {
+    let hf = read_hostfile(path, rules)?;
+    let family = hf.family;
+    let note = bare_note(&hf, rules);
+    let file_hosts = hf.hosts;
     if file_hosts.is_empty() {
         return Err(HostError::EmptyHostfile {
             path: path.to_path_buf(),
@@ -417,10 +588,10 @@ fn hostfile_subset(path: &Path, arg: &str) -> Result<HostSource, HostError> {
         }
         hosts.push(h);
     }
-    Ok(HostSource::new(
-        hosts,
-        SourceKind::HostfileSubset(path.to_path_buf()),
-    ))
+    let mut src = HostSource::new(hosts, SourceKind::HostfileSubset(path.to_path_buf()));
+    src.family = family;
+    src.notes.extend(note);
+    Ok(src)
 }
 
 #[cfg(test)]
@@ -527,6 +698,81 @@ mod tests {
         assert!(e.starts_with(&format!("{}:2: ", bad.display())), "{e}");
         let _ = std::fs::remove_file(hf);
         let _ = std::fs::remove_file(bad);
+    }
+
+    #[test]
+    fn caret_items_of_host_exclude() {
+        let hf = tmpfile("excl", "a slots=2\nb slots=2\nc slots=1\n");
+        let slurm = env_of(&[
+            ("SLURM_JOB_NODELIST", "s[1-3]"),
+            ("SLURM_TASKS_PER_NODE", "2(x3)"),
+        ]);
+        // From the hostfile.
+        let s = resolve_hosts(Some(&hf), Some("^b"), &no_env).unwrap();
+        assert_eq!(names_slots(&s.hosts), ns(&[("a", 2), ("c", 1)]));
+        assert_eq!(s.lines, [(0, 2), (1, 1)]);
+        // With a subset.
+        let s = resolve_hosts(Some(&hf), Some("a,b,^b"), &no_env).unwrap();
+        assert_eq!(names_slots(&s.hosts), ns(&[("a", 2)]));
+        // From the Slurm allocation.
+        let s = resolve_hosts(None, Some("^s2"), &slurm).unwrap();
+        assert_eq!(names_slots(&s.hosts), ns(&[("s1", 2), ("s3", 2)]));
+        // Nothing to exclude from; unknown host; everything excluded.
+        let e = resolve_hosts(None, Some("^x"), &no_env).unwrap_err();
+        assert!(matches!(e, HostError::ExcludeFromNothing { .. }), "{e}");
+        let e = resolve_hosts(Some(&hf), Some("^zz"), &no_env).unwrap_err();
+        assert!(
+            e.to_string().contains("^zz") && e.to_string().contains("a, b, c"),
+            "{e}"
+        );
+        let e = resolve_hosts(None, Some("x,^x"), &no_env).unwrap_err();
+        assert!(e.to_string().contains("every host excluded"), "{e}");
+        let _ = std::fs::remove_file(hf);
+    }
+
+    #[test]
+    fn openmpi_bare_lines_count_cores_and_say_so() {
+        let hf = tmpfile("bare", "n1\nn2 slots=1\n");
+        let rules = HostfileRules {
+            openmpi_bare_slots: 6,
+            hint: None,
+        };
+        let s = resolve_hosts_with(Some(&hf), None, &no_env, &rules).unwrap();
+        assert_eq!(names_slots(&s.hosts), ns(&[("n1", 6), ("n2", 1)]));
+        assert_eq!(s.notes.len(), 1);
+        assert!(
+            s.notes[0].contains(":1: 1 line(s) without slots=: 6 slot(s) each"),
+            "{:?}",
+            s.notes
+        );
+        // A Hydra file says nothing (its syntax shows its rule).
+        let hf2 = tmpfile("hyd", "n1\nn2:2\n");
+        let s = resolve_hosts_with(Some(&hf2), None, &no_env, &rules).unwrap();
+        assert_eq!(s.family, Family::Hydra);
+        assert!(s.notes.is_empty(), "{:?}", s.notes);
+        let _ = std::fs::remove_file(hf);
+        let _ = std::fs::remove_file(hf2);
+    }
+
+    #[test]
+    fn nolocal_leaves_out_this_machine() {
+        let s = HostSource::new(
+            parse_host_arg("localhost:2,nodeB:2").unwrap(),
+            SourceKind::HostArg,
+        );
+        let s = s.without_local(is_local).unwrap();
+        assert_eq!(names_slots(&s.hosts), ns(&[("nodeB", 2)]));
+        assert_eq!(s.lines, [(0, 2)]);
+        let only = HostSource::new(parse_host_arg("localhost").unwrap(), SourceKind::HostArg);
+        assert!(only
+            .without_local(is_local)
+            .unwrap_err()
+            .to_string()
+            .contains("--nolocal"));
+        let e = HostSource::implicit_localhost(2)
+            .without_local(is_local)
+            .unwrap_err();
+        assert!(e.to_string().contains("give --hostfile or -H"), "{e}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod agents;
 mod bindings;
 mod launch;
 mod mpi_family;
+mod prepare;
 mod program;
 mod stdin;
 
@@ -21,7 +22,7 @@ pub use program::{find_in_path, resolve_program};
 use crate::cli::{DryRun, RunOpts};
 use crate::host_source;
 use crate::node_ranks::NodeRanks;
-use crate::placement::{self, Placement, PlacementRequest};
+use crate::placement::Placement;
 use crate::proto::{self, ExitKind, Msg};
 use crate::signals;
 use crate::spawn;
@@ -43,6 +44,9 @@ pub const EXIT_TIMEOUT: i32 = 124;
 pub const EXIT_NOT_STARTED: i32 = 127;
 /// Exit code when a node's agent cannot be reached or is lost.
 pub const EXIT_AGENT: i32 = 255;
+/// Exit code when railrun's stdout or stderr was closed by its reader (`| head`): 128 +
+/// SIGPIPE, what a shell reports for a process killed by SIGPIPE.
+pub const EXIT_PIPE: i32 = 128 + libc::SIGPIPE;
 
 /// Default grace between SIGTERM and SIGKILL (env `RAILRUN_KILL_GRACE`, seconds).
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
@@ -78,23 +82,9 @@ fn kill_grace() -> Duration {
 }
 
 /// `railrun [options] PROGRAM ...`: returns the exit code.
-pub fn run(opts: &RunOpts) -> i32 {
-    let env = |k: &str| std::env::var(k).ok();
-    let src =
-        match host_source::resolve_hosts(opts.hostfile.as_deref(), opts.hosts.as_deref(), &env) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("railrun: {e}");
-                return EXIT_CONFIG;
-            }
-        };
-    let req = PlacementRequest {
-        np: opts.np,
-        ppn: opts.ppn,
-        map_by: opts.map_by,
-        oversubscribe: opts.oversubscribe,
-    };
-    let pl = match placement::place(&src, &req) {
+pub fn run(given: &RunOpts) -> i32 {
+    let mut opts = given.clone();
+    let pl = match prepare::place(&mut opts) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("railrun: {e}");
@@ -102,8 +92,17 @@ pub fn run(opts: &RunOpts) -> i32 {
         }
     };
     if let Some(d) = opts.dry_run {
-        return dry_run(opts, &pl, d);
+        return dry_run(&opts, &pl, d);
     }
+    if opts.display_map {
+        let _ = std::io::stdout().write_all(pl.table().as_bytes());
+        let _ = std::io::stdout().flush();
+    }
+    if let Err(e) = prepare::before_start(&mut opts) {
+        eprintln!("railrun: {e}");
+        return EXIT_CONFIG;
+    }
+    let opts = &opts;
     let program = match resolve_program(&opts.program) {
         Ok(p) => p,
         Err(e) => {
@@ -126,7 +125,7 @@ pub fn run(opts: &RunOpts) -> i32 {
                 return EXIT_CONFIG;
             }
         },
-        None => Sink::terminal(opts.tag_output),
+        None => Sink::terminal(opts.tag_output).merging_stderr(opts.merge_stderr),
     };
     let mut job = match Job::new(opts, pl, program, Arc::new(sink)) {
         Ok(j) => j,
@@ -389,8 +388,26 @@ impl<'a> Job<'a> {
 
     // ---------------------------------------------------------------- running
 
-    /// A signal or `--timeout`: start killing the job (once); returns the code when it did.
+    /// A signal, `--timeout`, or a closed stdout/stderr: start killing the job (once); returns
+    /// the code when it did.
     fn check_signal_or_timeout(&mut self) -> Option<i32> {
+        if let Some(which) = self.sink.closed() {
+            if self.kill_started.is_none() {
+                // Like mpirun on SIGPIPE: the reader is gone, so is the job. Said only with -v
+                // (`| head` is ordinary use); the exit status tells scripts.
+                let msg = format!(
+                    "{which} was closed by its reader; stopping the job: SIGTERM to {} rank(s), SIGKILL after {:.1} s",
+                    self.live_ranks(),
+                    self.grace.as_secs_f64()
+                );
+                if self.opts.verbose > 0 {
+                    self.say(&msg);
+                }
+                self.failure = Some(Failure { code: EXIT_PIPE });
+                self.start_kill();
+                return Some(EXIT_PIPE);
+            }
+        }
         if let Some(sig) = signals::take() {
             if self.kill_started.is_none() {
                 let n = self.live_ranks();

@@ -19,11 +19,14 @@ use std::sync::{Arc, Condvar, Mutex};
 /// Limit on the world description read from the store.
 const MAX_WORLD: usize = 1 << 20;
 
-fn init_logging(filter: &str) {
+/// Log lines to stderr, coloured only when `cfg.log_color` says so (a terminal, no `NO_COLOR`;
+/// railrun decides for its ranks): files and pipes get plain text.
+fn init_logging(cfg: &Config) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(&cfg.log_filter))
+            .with_ansi(cfg.log_color)
             .with_writer(std::io::stderr)
             .with_target(true)
             .without_time()
@@ -50,7 +53,7 @@ impl Communicator {
     /// `mpi`), or a world of one when started alone.
     pub fn init() -> Result<Communicator> {
         let cfg = Config::from_env()?;
-        init_logging(&cfg.log_filter);
+        init_logging(&cfg);
         match bootstrap::launch::from_process_env()? {
             Launch::Alone => Self::alone(cfg),
             #[cfg(feature = "mpi")]

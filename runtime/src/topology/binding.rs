@@ -34,9 +34,11 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt;
+
 use std::str::FromStr;
 
+pub use super::cpus::BindTo;
+use super::cpus::{CpuPlan, Loc, NodeMap};
 use super::model::{DeviceId, Topology};
 use super::paths::PathClass;
 use super::util::{format_cpulist, intersect};
@@ -47,50 +49,6 @@ use crate::vars;
 pub const MAX_LOCAL_SIZE: usize = 4096;
 /// Longest environment value accepted (`RAILRING_NIC_MAP`, `CUDA_VISIBLE_DEVICES`).
 const MAX_ENV_LEN: usize = 64 * 1024;
-
-/// `--bind-to` / `RAILRING_BIND_TO`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BindTo {
-    /// Leave CPU affinity alone.
-    None,
-    /// All allowed CPUs of the NUMA node (default).
-    #[default]
-    Numa,
-    /// A disjoint share of the NUMA node's cores.
-    Core,
-}
-
-impl FromStr for BindTo {
-    type Err = TopoError;
-    fn from_str(s: &str) -> Result<Self, TopoError> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "none" => Ok(BindTo::None),
-            "numa" => Ok(BindTo::Numa),
-            "core" => Ok(BindTo::Core),
-            _ => Err(TopoError::BindTo {
-                found: s.chars().take(40).collect(),
-            }),
-        }
-    }
-}
-
-impl BindTo {
-    /// `none`, `numa` or `core`: the `--bind-to` / `RAILRING_BIND_TO` spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BindTo::None => "none",
-            BindTo::Numa => "numa",
-            BindTo::Core => "core",
-        }
-    }
-}
-
-impl fmt::Display for BindTo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// An explicit local-rank → NIC list (`RAILRING_NIC_MAP`).
 ///
@@ -203,6 +161,9 @@ pub struct BindOptions {
     /// passes its rail interfaces (`RAILRING_SOCKET_IFNAME`) so the chosen NIC is a rail.
     /// Ignored when none of the topology's NICs matches. `None`: every NIC.
     pub nic_allow: Option<Vec<String>>,
+    /// `RAILRING_MAP_BY`: how ranks without a GPU spread over cores, sockets or NUMA nodes
+    /// (see [`NodeMap`]); `None`: round-robin over NUMA nodes.
+    pub map: Option<NodeMap>,
 }
 
 /// The raw values the binding options come from: `RAILRING_BIND_TO` (the launcher exports
@@ -211,6 +172,7 @@ pub struct BindOptions {
 #[derive(Clone, Debug, Default)]
 pub struct BindVars {
     pub bind_to: Option<std::ffi::OsString>,
+    pub map_by: Option<std::ffi::OsString>,
     pub nic_map: Option<std::ffi::OsString>,
     pub cuda_visible_devices: Option<std::ffi::OsString>,
 }
@@ -232,12 +194,16 @@ impl BindVars {
                 },
             }
         };
-        BindOptions::from_values(
+        let mut o = BindOptions::from_values(
             get(vars::BIND_TO, &self.bind_to)?.as_deref(),
             get(vars::NIC_MAP, &self.nic_map)?.as_deref(),
             get("CUDA_VISIBLE_DEVICES", &self.cuda_visible_devices)?.as_deref(),
             process_allowed_cpus().ok(),
-        )
+        )?;
+        if let Some(m) = get(vars::MAP_BY, &self.map_by)?.filter(|m| !m.trim().is_empty()) {
+            o.map = Some(NodeMap::parse(&m)?);
+        }
+        Ok(o)
     }
 }
 
@@ -269,6 +235,7 @@ impl BindOptions {
                 v
             }),
             nic_allow: None,
+            map: None,
         })
     }
 }
@@ -290,8 +257,8 @@ pub struct NicRef {
     /// Index in [`Topology::nics`] (`NIC<index>` in the matrix legend).
     pub index: usize,
     pub name: String,
-    /// The interface name for the TCP transport (first interface of the
-    /// NIC, else its name).
+    /// The interface name for the TCP transport: the NIC's first interface; empty when none
+    /// is known (an RDMA device from a topology file: its name is not an interface name).
     pub netdev: String,
     /// Path class from the rank's GPU (from its NUMA node without GPU).
     pub path_class: PathClass,
@@ -313,19 +280,42 @@ pub struct Binding {
     pub reason: String,
 }
 
-struct Plan {
-    gpu: Option<(usize, usize)>, // (index, cuda ordinal)
-    numa: Option<usize>,
-    src: Option<DeviceId>,
+/// The bandwidth the NIC choice uses for one NIC ([`Topology::nic_speeds`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NicSpeed {
+    /// Mbit/s; 0 when nothing is known about any NIC.
+    pub mbps: u64,
+    /// How `mbps` was assumed, when the port speed is unknown (`from its PCIe link`, ...).
+    pub assumed: Option<String>,
+}
+
+/// Path classes that are comparable for the NIC choice: 0 behind the GPU's PCIe switches
+/// (`X`, `NV#`, `PIX`, `PXB`), 1 through the CPU inside the NUMA node (`PHB`, `NODE`),
+/// 2 across sockets (`SYS`).
+fn path_level(c: PathClass) -> u8 {
+    match c {
+        PathClass::Same | PathClass::Nv(_) | PathClass::Pix | PathClass::Pxb => 0,
+        PathClass::Phb | PathClass::Node => 1,
+        PathClass::Sys => 2,
+    }
+}
+
+/// One local rank's binding while it is chosen.
+pub(super) struct Plan {
+    pub(super) gpu: Option<(usize, usize)>, // (index, cuda ordinal)
+    pub(super) numa: Option<usize>,
+    /// The core `RAILRING_MAP_BY` put the rank on.
+    pub(super) loc: Option<Loc>,
+    pub(super) src: Option<DeviceId>,
     /// (nic, class, bandwidth) for every candidate, best first.
-    ranked: Vec<(usize, PathClass, u64)>,
-    tier: Vec<usize>,
-    nics: Vec<usize>,
-    cpus: Vec<usize>,
-    mapped: bool,
-    why_gpu: String,
-    why_nic: String,
-    why_cpu: String,
+    pub(super) ranked: Vec<(usize, PathClass, u64)>,
+    pub(super) tier: Vec<usize>,
+    pub(super) nics: Vec<usize>,
+    pub(super) cpus: Vec<usize>,
+    pub(super) mapped: bool,
+    pub(super) why_gpu: String,
+    pub(super) why_nic: String,
+    pub(super) why_cpu: String,
 }
 
 impl Topology {
@@ -414,6 +404,7 @@ impl Topology {
                 let mut p = Plan {
                     gpu: None,
                     numa: None,
+                    loc: None,
                     src: None,
                     ranked: Vec::new(),
                     tier: Vec::new(),
@@ -462,16 +453,45 @@ impl Topology {
             })
             .collect();
 
+        // 1b. Ranks without a GPU: the cores RAILRING_MAP_BY puts them on.
+        if let (Some(map), true) = (opts.map, visible.is_empty()) {
+            let locs = self.map_ranks(local_size, map, &allowed)?;
+            for (p, loc) in plans.iter_mut().zip(locs) {
+                if let Some(n) = loc.core.first().and_then(|&c| self.numa_of_cpu(c)) {
+                    p.numa = Some(n);
+                    p.src = Some(DeviceId::Numa(n));
+                }
+                p.why_gpu = format!(
+                    "no GPU: NUMA node {} by the mapping",
+                    p.numa.map_or("?".into(), |n| n.to_string())
+                );
+                p.loc = Some(loc);
+            }
+        }
+
         // 2. NICs.
         self.choose_nics(&mut plans, opts)?;
 
         // 3. CPUs.
+        let mut cpu_plans: Vec<CpuPlan> = plans
+            .iter_mut()
+            .map(|p| CpuPlan {
+                numa: p.numa,
+                loc: p.loc.take(),
+                cpus: Vec::new(),
+                why: String::new(),
+            })
+            .collect();
         self.choose_cpus(
-            &mut plans,
+            &mut cpu_plans,
             opts.bind_to,
             &allowed,
             opts.allowed_cpus.is_some(),
         );
+        for (p, c) in plans.iter_mut().zip(cpu_plans) {
+            p.cpus = c.cpus;
+            p.why_cpu = c.why;
+        }
 
         Ok(plans
             .into_iter()
@@ -486,7 +506,7 @@ impl Topology {
                         NicRef {
                             index: n,
                             name: nic.name.clone(),
-                            netdev: nic.netdev().to_string(),
+                            netdev: nic.netdev().unwrap_or_default().to_string(),
                             path_class: self.class_from(p.src, n),
                             speed_mbps: (bw > 0).then_some(bw),
                         }
@@ -506,6 +526,55 @@ impl Topology {
                 }
             })
             .collect())
+    }
+
+    /// The bandwidth the NIC choice uses for every NIC ([`Topology::nics`] order), and what
+    /// was assumed where the port speed is unknown: the PCIe link's bandwidth when that is
+    /// known; else, for an RDMA NIC, the fastest known NIC or 100 Gb/s, whichever is more;
+    /// else as fast as the fastest known NIC (all equal when none is known).
+    pub fn nic_speeds(&self) -> Vec<NicSpeed> {
+        let fastest = self
+            .nics
+            .iter()
+            .map(|n| n.bandwidth_mbps(self))
+            .max()
+            .unwrap_or(0);
+        self.nics
+            .iter()
+            .map(|n| {
+                let bw = n.bandwidth_mbps(self);
+                if n.speed_mbps.is_some() {
+                    NicSpeed {
+                        mbps: bw,
+                        assumed: None,
+                    }
+                } else if bw > 0 {
+                    NicSpeed {
+                        mbps: bw,
+                        assumed: Some("from its PCIe link".into()),
+                    }
+                } else if n.rdma.is_some() {
+                    let b = fastest.max(100_000);
+                    NicSpeed {
+                        mbps: b,
+                        assumed: Some(
+                            "an RDMA NIC: the fastest known NIC's or 100 Gb/s, whichever is more"
+                                .into(),
+                        ),
+                    }
+                } else if fastest > 0 {
+                    NicSpeed {
+                        mbps: fastest,
+                        assumed: Some("as fast as the fastest known NIC".into()),
+                    }
+                } else {
+                    NicSpeed {
+                        mbps: 0,
+                        assumed: Some("no NIC's speed is known: bandwidth does not decide".into()),
+                    }
+                }
+            })
+            .collect()
     }
 
     fn class_from(&self, src: Option<DeviceId>, nic: usize) -> PathClass {
@@ -592,23 +661,33 @@ impl Topology {
             return Ok(());
         }
 
-        // Rank the candidates and find each rank's nearest tier.
+        // Rank the candidates and find each rank's nearest tier (see the module docs): NICs
+        // 4x or more slower than the fastest go last; then comparable paths (behind the GPU's
+        // switches / through the CPU / across sockets); then bandwidth; then RDMA; then the
+        // exact path class.
+        let speeds = self.nic_speeds();
+        let best = pool.iter().map(|&n| speeds[n].mbps).max().unwrap_or(0);
+        let slow = |n: usize| best > 0 && speeds[n].mbps.saturating_mul(4) <= best;
+        let rdma = |n: usize| self.nics[n].rdma.is_some();
+        let key = |n: usize, c: PathClass| {
+            (
+                slow(n),
+                path_level(c),
+                std::cmp::Reverse(speeds[n].mbps),
+                !rdma(n),
+                c,
+            )
+        };
         for p in plans.iter_mut().filter(|p| !p.mapped) {
             let mut ranked: Vec<(usize, PathClass, u64)> = pool
                 .iter()
-                .map(|&n| {
-                    (
-                        n,
-                        self.class_from(p.src, n),
-                        self.nics[n].bandwidth_mbps(self),
-                    )
-                })
+                .map(|&n| (n, self.class_from(p.src, n), speeds[n].mbps))
                 .collect();
-            ranked.sort_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)));
-            let (c0, b0) = (ranked[0].1, ranked[0].2);
+            ranked.sort_by(|a, b| key(a.0, a.1).cmp(&key(b.0, b.1)).then(a.0.cmp(&b.0)));
+            let k0 = key(ranked[0].0, ranked[0].1);
             p.tier = ranked
                 .iter()
-                .filter(|x| x.1 == c0 && x.2 == b0)
+                .filter(|x| key(x.0, x.1) == k0)
                 .map(|x| x.0)
                 .collect();
             p.ranked = ranked;
@@ -624,19 +703,18 @@ impl Topology {
                 .min_by_key(|&n| (load[n], n))
                 .unwrap_or(p.ranked[0].0);
             let name = |n: usize| self.nics[n].name.clone();
-            let (c0, b0) = (p.ranked[0].1, p.ranked[0].2);
-            let same_class: Vec<&(usize, PathClass, u64)> =
-                p.ranked.iter().filter(|x| x.1 == c0).collect();
+            let c0 = p.ranked[0].1;
             let mut why = if only_virtual {
                 "no PCI NIC: virtual NICs count as host-attached (PHB); ".to_string()
             } else {
                 String::new()
             };
-            let bw = |b: u64| {
-                if b > 0 {
-                    format!("{b} Mb/s")
-                } else {
-                    "unknown bandwidth".to_string()
+            let bw = |n: usize| {
+                let s = &speeds[n];
+                match (s.mbps, &s.assumed) {
+                    (0, _) => "unknown bandwidth".to_string(),
+                    (b, None) => format!("{b} Mb/s"),
+                    (b, Some(_)) => format!("{b} Mb/s assumed"),
                 }
             };
             let from = match p.src {
@@ -644,45 +722,87 @@ impl Topology {
                 Some(DeviceId::Numa(n)) => format!("NUMA node {n}"),
                 _ => "the host".to_string(),
             };
+            let runner = p.ranked.iter().find(|x| !p.tier.contains(&x.0)).copied();
             if pool.len() == 1 {
                 why.push_str(&format!(
                     "NIC {} ({c0} from {from}): the only NIC",
                     name(pick)
                 ));
-            } else if p.tier.len() == 1 {
-                if same_class.len() == 1 {
-                    let next = p
+            } else if let (1, Some((rn, rc, _))) = (p.tier.len(), runner) {
+                let head = format!("NIC {} ({c0} from {from}, {})", name(pick), bw(pick));
+                let (kp, kr) = (key(pick, c0), key(rn, rc));
+                let text = if kp.0 != kr.0 {
+                    format!(
+                        "{head}: bandwidth decided: {} ({rc}, {}) is 4x or more slower than the fastest NIC, so it comes last",
+                        name(rn),
+                        bw(rn)
+                    )
+                } else if kp.1 != kr.1 {
+                    format!(
+                        "{head}: the only NIC at the best path class; next best is {} at {rc}",
+                        name(rn)
+                    )
+                } else if kp.2 != kr.2 {
+                    let others: Vec<String> = p
                         .ranked
-                        .get(1)
-                        .map(|x| format!("; next best is {} at {}", name(x.0), x.1))
-                        .unwrap_or_default();
-                    why.push_str(&format!(
-                        "NIC {} ({c0} from {from}): the only NIC at the best path class{next}",
-                        name(pick)
-                    ));
-                } else {
-                    let others: Vec<String> = same_class
                         .iter()
-                        .skip(1)
-                        .map(|x| format!("{} {}", name(x.0), bw(x.2)))
+                        .filter(|x| x.0 != pick && !slow(x.0) && path_level(x.1) == path_level(c0))
+                        .map(|x| format!("{} {}", name(x.0), bw(x.0)))
                         .collect();
-                    why.push_str(&format!(
-                        "NIC {} ({c0} from {from}): {} NICs at {c0}, bandwidth decided: {} over {}",
-                        name(pick),
-                        same_class.len(),
-                        bw(b0),
+                    format!(
+                        "{head}: {} NICs at comparable paths, bandwidth decided: {} over {}",
+                        others.len() + 1,
+                        bw(pick),
                         others.join(", ")
-                    ));
-                }
+                    )
+                } else if kp.3 != kr.3 {
+                    format!(
+                        "{head}: RDMA-capable; {} ({rc}) at the same bandwidth is not",
+                        name(rn)
+                    )
+                } else {
+                    format!(
+                        "{head}: the nearest of NICs alike; next best is {} at {rc}",
+                        name(rn)
+                    )
+                };
+                why.push_str(&text);
             } else {
                 let tier_names: Vec<String> = p.tier.iter().map(|&n| name(n)).collect();
                 why.push_str(&format!(
                     "NIC {} ({c0} from {from}): {} NICs tie at {c0} and {} ({}); took the one serving the fewest local ranks, lowest index first (rail alignment)",
                     name(pick),
                     p.tier.len(),
-                    bw(b0),
+                    bw(pick),
                     tier_names.join(", ")
                 ));
+            }
+            // What was assumed about the speeds that decided.
+            let mut assumed: Vec<String> = Vec::new();
+            let compared = if pool.len() > 1 {
+                runner.map(|x| x.0)
+            } else {
+                None
+            };
+            for n in std::iter::once(pick)
+                .chain(compared)
+                .filter(|_| pool.len() > 1)
+            {
+                if speeds[n].mbps == 0 {
+                    continue;
+                }
+                if let Some(a) = &speeds[n].assumed {
+                    assumed.push(format!("{} {} Mb/s {a}", name(n), speeds[n].mbps));
+                }
+            }
+            if !assumed.is_empty() {
+                why.push_str(&format!(
+                    " [port speeds unknown, assumed: {}]",
+                    assumed.join(", ")
+                ));
+            }
+            if self.nics[pick].netdevs.is_empty() {
+                why.push_str(" (no network interface known for it: TCP cannot use it by name)");
             }
             if load[pick] > 0 {
                 let with: Vec<String> = users[pick].iter().map(|u| u.to_string()).collect();
@@ -719,137 +839,6 @@ impl Topology {
             }
         }
         Ok(())
-    }
-
-    fn choose_cpus(
-        &self,
-        plans: &mut [Plan],
-        bind_to: BindTo,
-        allowed: &[usize],
-        restricted: bool,
-    ) {
-        let allowed_word = if restricted {
-            "allowed CPUs (sched_getaffinity)"
-        } else {
-            "all CPUs"
-        };
-        // Base set per rank: NUMA CPUs ∩ allowed.
-        let mut bases: Vec<Vec<usize>> = Vec::with_capacity(plans.len());
-        for p in plans.iter_mut() {
-            let (base, why) = match p.numa.and_then(|n| self.numa_node(n)) {
-                Some(node) if !node.cpus.is_empty() => {
-                    let i = intersect(&node.cpus, allowed);
-                    if i.is_empty() {
-                        (
-                            allowed.to_vec(),
-                            format!(
-                                "NUMA node {} has none of the {allowed_word}, so all of those",
-                                node.id
-                            ),
-                        )
-                    } else {
-                        (i, format!("NUMA node {} ∩ {allowed_word}", node.id))
-                    }
-                }
-                Some(node) => (
-                    allowed.to_vec(),
-                    format!("CPUs of NUMA node {} unknown: {allowed_word}", node.id),
-                ),
-                None => (
-                    allowed.to_vec(),
-                    format!("NUMA node unknown: {allowed_word}"),
-                ),
-            };
-            p.why_cpu = why;
-            bases.push(base);
-        }
-        match bind_to {
-            BindTo::None => {
-                for p in plans.iter_mut() {
-                    p.why_cpu = "bind-to none: CPU affinity left unchanged".to_string();
-                }
-                store_cpus(plans, vec![Vec::new(); bases.len()]);
-            }
-            BindTo::Numa => {
-                for p in plans.iter_mut() {
-                    p.why_cpu = format!("CPUs: {} (bind-to numa)", p.why_cpu);
-                }
-                store_cpus(plans, bases);
-            }
-            BindTo::Core => {
-                let mut out = vec![Vec::new(); bases.len()];
-                let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-                for (r, b) in bases.iter().enumerate() {
-                    groups.entry(b.clone()).or_default().push(r);
-                }
-                for (base, ranks) in groups {
-                    let cores = self.cores_within(&base);
-                    let k = ranks.len();
-                    for (j, &r) in ranks.iter().enumerate() {
-                        let (set, why) = if cores.is_empty() {
-                            (Vec::new(), "no CPU known".to_string())
-                        } else if cores.len() >= k {
-                            let (s, e) = (j * cores.len() / k, (j + 1) * cores.len() / k);
-                            (
-                                cores[s..e].concat(),
-                                format!(
-                                    "cores {}..{} of {} (split over {k} local rank(s))",
-                                    s,
-                                    e - 1,
-                                    cores.len()
-                                ),
-                            )
-                        } else {
-                            let c = j % cores.len();
-                            (
-                                cores[c].clone(),
-                                format!(
-                                    "core {c} of {}, shared: more local ranks ({k}) than cores",
-                                    cores.len()
-                                ),
-                            )
-                        };
-                        let mut set = set;
-                        set.sort_unstable();
-                        plans[r].why_cpu =
-                            format!("CPUs: {} of {} (bind-to core)", why, plans[r].why_cpu);
-                        out[r] = set;
-                    }
-                }
-                store_cpus(plans, out);
-            }
-        }
-    }
-
-    /// The cores (hyper-thread groups) inside `set`, in CPU order; CPUs no
-    /// known core covers count as a core each.
-    fn cores_within(&self, set: &[usize]) -> Vec<Vec<usize>> {
-        let mut covered: Vec<usize> = Vec::new();
-        let mut cores: Vec<Vec<usize>> = Vec::new();
-        for c in &self.cores {
-            let i = intersect(c, set);
-            if !i.is_empty() && !i.iter().any(|x| covered.contains(x)) {
-                covered.extend(&i);
-                cores.push(i);
-            }
-        }
-        covered.sort_unstable();
-        for &c in set {
-            if covered.binary_search(&c).is_err() {
-                cores.push(vec![c]);
-            }
-        }
-        cores.sort_by_key(|c| c.first().copied());
-        cores
-    }
-}
-
-fn store_cpus(plans: &mut [Plan], sets: Vec<Vec<usize>>) {
-    for (p, s) in plans.iter_mut().zip(sets) {
-        if !s.is_empty() {
-            p.why_cpu = format!("{} = {}", p.why_cpu, format_cpulist(&s));
-        }
-        p.cpus = s;
     }
 }
 

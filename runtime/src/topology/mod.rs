@@ -18,6 +18,7 @@
 //! Errors name the file and line and what was expected.
 
 mod binding;
+mod cpus;
 mod hwloc_xml;
 mod model;
 mod nccl_xml;
@@ -32,6 +33,7 @@ pub use binding::{
     apply_cpu_binding, process_allowed_cpus, BindOptions, BindTo, BindVars, Binding, GpuRef,
     NicMap, NicRef, MAX_LOCAL_SIZE,
 };
+pub use cpus::{MapObj, NodeMap};
 pub use model::{DeviceId, Gpu, Nic, NumaNode, PciKind, PciNode, Topology};
 pub use paths::PathClass;
 pub use util::{format_cpulist, parse_cpulist};
@@ -91,7 +93,7 @@ pub enum TopoError {
         crate::vars::NIC_MAP
     )]
     NicMap { input: String, msg: String },
-    #[error("bind-to {found:?}: expected none, numa or core")]
+    #[error("bind-to {found:?}: expected none, hwthread, core, numa, socket or package")]
     BindTo { found: String },
     #[error("{var}: {msg}")]
     Env { var: String, msg: String },
@@ -169,15 +171,41 @@ impl Topology {
     /// `RAILRING_TOPO_FILE`, see [`crate::config`]) or, with `None`, from
     /// sysfs. NICs the file names only by bus id get their interface names
     /// from the live sysfs when the same bus id exists here.
+    ///
+    /// A file describes this machine here, so where it is partial the live sysfs fills in:
+    /// NCCL `<pci>` devices without `class=` take the class of the same bus id here, and
+    /// NICs without interface names take this machine's (see [`Topology::from_file_merged`]).
+    /// Every warning of the file (one saying loudly that it yields no GPU and no NIC, say) is
+    /// logged at WARN (`railring::topo`).
     pub fn discover_from(topo_file: Option<&Path>) -> Result<Topology, TopoError> {
         match topo_file {
             Some(f) => {
-                let mut t = Topology::from_file(f)?;
-                sysfs::enrich_names(&mut t, Path::new("/"));
+                let t = Topology::from_file_merged(f, Path::new("/"))?;
+                for w in &t.warnings {
+                    tracing::warn!(target: "railring::topo", "{}: {w}", crate::vars::TOPO_FILE);
+                }
                 Ok(t)
             }
             None => Topology::from_sysfs_root(Path::new("/")),
         }
+    }
+
+    /// A topology file of the machine whose root is `live` (`/`): read like
+    /// [`Topology::from_file`], then completed from that machine's sysfs where the file is
+    /// partial — NCCL `<pci busid>` devices without `class=` take the class and vendor of the
+    /// same bus id there, NICs known only by bus id or RDMA name take its interface names.
+    /// Nothing the file says is overridden.
+    pub fn from_file_merged(path: impl AsRef<Path>, live: &Path) -> Result<Topology, TopoError> {
+        let path = path.as_ref();
+        let name = path.display().to_string();
+        let text = read_text(path)?;
+        let doc = parse_xml(&text, &name)?;
+        let mut t = match doc.root_element().tag_name().name() {
+            "system" => nccl_xml::load_merged(&doc, &name, Some(live))?,
+            _ => Topology::from_xml_str(&text, &name)?,
+        };
+        sysfs::enrich_names(&mut t, live);
+        Ok(t)
     }
 
     /// Reads a sysfs tree under `root` (`/` for the live system; tests build
@@ -189,8 +217,16 @@ impl Topology {
 
     /// Reads an NCCL or hwloc XML file (detected from the root element).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Topology, TopoError> {
-        use std::io::Read;
         let path = path.as_ref();
+        let text = read_text(path)?;
+        Topology::from_xml_str(&text, &path.display().to_string())
+    }
+}
+
+/// A topology file's text, at most [`MAX_FILE_BYTES`].
+fn read_text(path: &Path) -> Result<String, TopoError> {
+    use std::io::Read;
+    {
         let name = path.display().to_string();
         let f = std::fs::File::open(path).map_err(|e| TopoError::Io {
             file: name.clone(),
@@ -210,10 +246,11 @@ impl Topology {
                 limit: MAX_FILE_BYTES,
             });
         }
-        let text = String::from_utf8(buf).map_err(|_| TopoError::NotText { file: name.clone() })?;
-        Topology::from_xml_str(&text, &name)
+        String::from_utf8(buf).map_err(|_| TopoError::NotText { file: name.clone() })
     }
+}
 
+impl Topology {
     /// Parses NCCL (`<system>`) or hwloc (`<topology>`) XML; `name` is used
     /// in errors.
     pub fn from_xml_str(text: &str, name: &str) -> Result<Topology, TopoError> {

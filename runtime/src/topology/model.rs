@@ -110,13 +110,11 @@ impl Nic {
         }
     }
 
-    /// The interface name the TCP transport should use: the first network
-    /// interface, else the NIC name.
-    pub fn netdev(&self) -> &str {
-        self.netdevs
-            .first()
-            .map(String::as_str)
-            .unwrap_or(&self.name)
+    /// The interface name the TCP transport can use: the first network interface. `None`
+    /// for an RDMA device or a bus id known without any interface (a topology file's
+    /// `<net name="mlx5_7">`): its name is not an interface name.
+    pub fn netdev(&self) -> Option<&str> {
+        self.netdevs.first().map(String::as_str)
     }
 
     /// Whether `name` designates this NIC (its name, an interface name, its

@@ -21,19 +21,31 @@
 //! children are classified by class code (and vendor, when given). Unknown
 //! elements and attributes are ignored; values that are present but cannot
 //! be understood are errors naming file and line.
+//!
+//! A partial dump whose `<pci>` devices carry no `class=` yields no GPU or NIC. Loaded for
+//! this machine (`RAILRING_TOPO_FILE`, [`load_merged`]), such a device takes its class and
+//! vendor from the live sysfs when the same bus id exists here (a warning says so); a file
+//! that still yields no GPU and no NIC says so loudly in its warnings.
 
 use roxmltree::{Document, Node};
 
 use super::model::{
     domain_of, is_gpu_class, is_nic_class, Builder, Gpu, Nic, NumaNode, PciKind, PciNode, Topology,
 };
-use super::util::{normalize_busid, parse_hex, parse_mask, pcie_link_mbps};
+use super::util::{normalize_busid, parse_hex, parse_mask, pcie_link_mbps, read_attr};
 use super::{xml_line, TopoError, XmlCtx, MAX_XML_DEPTH};
+use std::path::Path;
 
 struct Ctx<'a, 'input> {
     doc: &'a Document<'input>,
     file: &'a str,
     b: Builder,
+    /// The live system root whose sysfs fills in missing PCI classes (`None`: another machine).
+    live: Option<&'a Path>,
+    /// Bus ids of devices left without a class.
+    classless: Vec<String>,
+    /// Devices whose class came from the live sysfs.
+    merged: usize,
 }
 
 impl<'a, 'i> XmlCtx<'a, 'i> for Ctx<'a, 'i> {
@@ -46,6 +58,15 @@ impl<'a, 'i> XmlCtx<'a, 'i> for Ctx<'a, 'i> {
 }
 
 pub(crate) fn load(doc: &Document, file: &str) -> Result<Topology, TopoError> {
+    load_merged(doc, file, None)
+}
+
+/// [`load`] for this machine: devices without a class take it from the sysfs under `live`.
+pub(crate) fn load_merged(
+    doc: &Document,
+    file: &str,
+    live: Option<&Path>,
+) -> Result<Topology, TopoError> {
     let root = doc.root_element();
     if root.tag_name().name() != "system" {
         return Err(TopoError::UnknownFormat {
@@ -59,6 +80,9 @@ pub(crate) fn load(doc: &Document, file: &str) -> Result<Topology, TopoError> {
         doc,
         file,
         b: Builder::new(format!("nccl-xml:{file}")),
+        live,
+        classless: Vec::new(),
+        merged: 0,
     };
     for child in root.children().filter(Node::is_element) {
         match child.tag_name().name() {
@@ -73,7 +97,52 @@ pub(crate) fn load(doc: &Document, file: &str) -> Result<Topology, TopoError> {
             _ => {}
         }
     }
+    if cx.merged > 0 {
+        cx.b.warn(format!(
+            "{file}: {} PCI device(s) without class=: class and vendor taken from this machine's sysfs (same bus id)",
+            cx.merged
+        ));
+    }
+    if cx.b.gpus.is_empty() && cx.b.nics.is_empty() {
+        let why = if cx.classless.is_empty() {
+            "it lists no <gpu>, no <nic> and no PCI device of a GPU or NIC class".to_string()
+        } else {
+            format!(
+                "{} PCI device(s) carry no class= ({}{}){}",
+                cx.classless.len(),
+                cx.classless
+                    .iter()
+                    .take(4)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if cx.classless.len() > 4 { ", ..." } else { "" },
+                if cx.live.is_some() {
+                    " and this machine's sysfs has none of those bus ids"
+                } else {
+                    ""
+                }
+            )
+        };
+        cx.b.warn(format!(
+            "{file} yields NO GPU AND NO NIC: {why}. Ranks are bound by CPU only and choose no NIC. Fix: a complete dump (NCCL_TOPO_DUMP_FILE writes class=), or unset RAILRING_TOPO_FILE to use this machine's sysfs"
+        ));
+    }
     Ok(cx.b.finish())
+}
+
+/// The class and vendor of PCI device `busid` in the sysfs under `live`.
+fn live_class(live: &Path, busid: &str) -> Option<(u32, Option<u16>)> {
+    if busid.contains(['/', '\\']) || busid.starts_with('.') {
+        return None;
+    }
+    let dir = live.join("sys/bus/pci/devices").join(busid);
+    let class = read_attr(&dir.join("class")).and_then(|t| parse_hex(&t))?;
+    let vendor = read_attr(&dir.join("vendor")).and_then(|t| parse_hex(&t));
+    Some((
+        (class & 0xff_ffff) as u32,
+        vendor.filter(|v| *v <= 0xffff).map(|v| v as u16),
+    ))
 }
 
 fn cpu(cx: &mut Ctx, n: Node) -> Result<(), TopoError> {
@@ -177,9 +246,9 @@ fn pci(
         ),
         None => None,
     };
-    let class =
+    let mut class =
         hex_attr(cx, n, "class", 0xff_ffff, "a PCI class code like 0x030200")?.map(|c| c as u32);
-    let vendor = hex_attr(
+    let mut vendor = hex_attr(
         cx,
         n,
         "vendor",
@@ -187,6 +256,25 @@ fn pci(
         "a 16-bit PCI vendor id like 0x10de",
     )?
     .map(|v| v as u16);
+    let has_child = n
+        .children()
+        .any(|c| c.has_tag_name("gpu") || c.has_tag_name("nic") || c.has_tag_name("pci"));
+    if class.is_none() && !has_child {
+        if let Some(b) = busid.as_deref() {
+            match cx.live.and_then(|l| live_class(l, b)) {
+                Some((c, v)) => {
+                    class = Some(c);
+                    vendor = vendor.or(v);
+                    cx.merged += 1;
+                }
+                None => {
+                    if cx.classless.len() < 4096 {
+                        cx.classless.push(b.to_string());
+                    }
+                }
+            }
+        }
+    }
     let device = hex_attr(cx, n, "device", 0xffff, "a 16-bit PCI device id")?.map(|v| v as u16);
     let link_mbps = match (n.attribute("link_speed"), n.attribute("link_width")) {
         (Some(s), Some(w)) => pcie_link_mbps(s, w),
@@ -316,12 +404,64 @@ fn nic(
             ),
             _ => None,
         };
-        add_nic(cx, net, pci, busid, numa, net.attribute("name"), speed)?;
+        let name = net
+            .attribute("name")
+            .map(str::trim)
+            .filter(|s| !s.is_empty());
+        let rdma = name.is_some_and(|n| is_rdma_net(n, net));
+        add_nic(cx, net, pci, busid, numa, name, speed)?;
+        if let (Some(n), Some(nic)) = (name, cx.b.nics.last_mut()) {
+            // An RDMA device's name is no interface name: the TCP transport must never get
+            // `mlx5_7`. Its interfaces come from the live sysfs when the device is here.
+            if rdma {
+                nic.rdma = Some(n.chars().take(64).collect());
+            } else {
+                nic.netdevs = vec![n.chars().take(64).collect()];
+            }
+        }
     }
     if !any {
         add_nic(cx, n, pci, busid, numa, None, None)?;
     }
     Ok(())
+}
+
+/// Whether an NCCL `<net name>` is an RDMA device rather than a network interface: a known
+/// RDMA driver's naming (`mlx5_0`, `bnxt_re0`, `irdma1`, `efa_0`, `rdmap16s27`, `hfi1_0`,
+/// `rxe0`, ...), or what NCCL's IB transport writes for a port (`port` 1 or more with a real
+/// port GUID; its socket transport writes `port="0"` and the interface index as GUID).
+fn is_rdma_net(name: &str, net: Node) -> bool {
+    const DRIVERS: [&str; 20] = [
+        "mlx4_",
+        "mlx5_",
+        "bnxt_re",
+        "irdma",
+        "i40iw",
+        "efa_",
+        "rdmap",
+        "hfi1_",
+        "qib",
+        "rxe",
+        "siw",
+        "erdma",
+        "ionic_",
+        "hns_",
+        "qedr",
+        "ocrdma",
+        "cxgb4_",
+        "vmw_pvrdma",
+        "usnic_",
+        "mana_",
+    ];
+    if DRIVERS.iter().any(|d| name.starts_with(d)) {
+        return true;
+    }
+    let port = net
+        .attribute("port")
+        .and_then(|p| p.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    let guid = net.attribute("guid").and_then(parse_hex).unwrap_or(0);
+    port >= 1 && guid > 0xffff
 }
 
 fn add_nic(

@@ -95,8 +95,22 @@ pub fn matrix_text(topo: &Topology) -> String {
     out.push_str(LEGEND);
     if !topo.nics.is_empty() {
         out.push_str("\nNIC Legend:\n\n");
+        let speeds = topo.nic_speeds();
         for n in &topo.nics {
             let mut extra = Vec::new();
+            if let Some(r) = n.rdma.as_deref().filter(|r| *r != n.name) {
+                extra.push(format!("RDMA {r}"));
+            }
+            match &speeds[n.index].assumed {
+                None if speeds[n.index].mbps > 0 => {
+                    extra.push(format!("{} Mb/s", speeds[n.index].mbps))
+                }
+                Some(a) => extra.push(format!(
+                    "port speed unknown: assumed {} Mb/s, {a}",
+                    speeds[n.index].mbps
+                )),
+                None => {}
+            }
             if !n.netdevs.is_empty() && n.netdevs.iter().any(|d| *d != n.name) {
                 extra.push(format!("interfaces {}", n.netdevs.join(",")));
             }
@@ -149,7 +163,7 @@ pub fn binding_summary(topo: &Topology, b: &Binding) -> String {
         b.nics
             .iter()
             .map(|n| {
-                let dev = if n.netdev != n.name {
+                let dev = if !n.netdev.is_empty() && n.netdev != n.name {
                     format!(" [{}]", n.netdev)
                 } else {
                     String::new()

@@ -16,6 +16,7 @@ pub mod cuda;
 mod fabric;
 pub mod links;
 pub mod pipe;
+pub mod rails;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod shm;

@@ -2,7 +2,7 @@
 //! from its own rail (the socket is bound to that NIC's address before connecting) to the peer's
 //! address on the same subnet, so rails are matched across nodes by subnet. Every connection
 //! proves the job secret (HMAC handshake) and says which communicator, rank and channel it
-//! carries before any data flows.
+//! carries before any data flows. Which interfaces are rails: `rails.rs`.
 
 use super::{Link, LinkError, LinkId};
 use crate::store::auth;
@@ -11,164 +11,18 @@ use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// One network interface usable as a rail.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rail {
-    pub ifname: String,
-    pub ip: Ipv4Addr,
-    pub prefix: u8,
-}
-
-impl Rail {
-    pub fn subnet(&self) -> (u32, u8) {
-        let mask = if self.prefix == 0 {
-            0
-        } else {
-            u32::MAX << (32 - self.prefix.min(32))
-        };
-        (u32::from(self.ip) & mask, self.prefix)
-    }
-    pub fn same_subnet(&self, ip: Ipv4Addr) -> bool {
-        let (net, p) = self.subnet();
-        let mask = if p == 0 {
-            0
-        } else {
-            u32::MAX << (32 - p.min(32))
-        };
-        u32::from(ip) & mask == net
-    }
-}
+pub use super::rails::{discover_rails, IfFilter, Rail};
 
 /// A rail address as published in the bootstrap store.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RailAddr {
     pub rail: Rail,
     pub port: u16,
-}
-
-/// An `RAILRING_SOCKET_IFNAME`-style filter (NCCL grammar): comma-separated prefixes; a leading
-/// `^` excludes the listed prefixes instead; a leading `=` (after `^` if any) makes the names exact.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct IfFilter {
-    exclude: bool,
-    exact: bool,
-    names: Vec<String>,
-}
-
-impl IfFilter {
-    pub fn parse(s: &str) -> IfFilter {
-        let mut s = s.trim();
-        let exclude = s.starts_with('^');
-        if exclude {
-            s = &s[1..];
-        }
-        let exact = s.starts_with('=');
-        if exact {
-            s = &s[1..];
-        }
-        let names = s
-            .split(',')
-            .map(|x| x.trim().to_string())
-            .filter(|x| !x.is_empty())
-            .collect();
-        IfFilter {
-            exclude,
-            exact,
-            names,
-        }
-    }
-    pub fn matches(&self, ifname: &str) -> bool {
-        let hit = self.names.iter().any(|n| {
-            if self.exact {
-                ifname == n
-            } else {
-                ifname.starts_with(n.as_str())
-            }
-        });
-        hit != self.exclude
-    }
-}
-
-/// The interfaces that carry rails: those matching `filter`, or automatically every IPv4
-/// interface that is up except loopback and container bridges (falling back to loopback when
-/// nothing else exists). Sorted by name so local rank i → rail i mod R agrees across nodes.
-pub fn discover_rails(filter: Option<&str>) -> io::Result<Vec<Rail>> {
-    let mut rails = Vec::new();
-    let addrs = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
-    for ifa in addrs {
-        let Some(addr) = ifa
-            .address
-            .as_ref()
-            .and_then(|a| a.as_sockaddr_in().map(|s| s.ip()))
-        else {
-            continue;
-        };
-        if !ifa.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP) {
-            continue;
-        }
-        let prefix = ifa
-            .netmask
-            .as_ref()
-            .and_then(|m| {
-                m.as_sockaddr_in()
-                    .map(|s| u32::from(s.ip()).count_ones() as u8)
-            })
-            .unwrap_or(32);
-        rails.push(Rail {
-            ifname: ifa.interface_name.clone(),
-            ip: addr,
-            prefix,
-        });
-    }
-    rails.sort_by(|a, b| a.ifname.cmp(&b.ifname).then(a.ip.cmp(&b.ip)));
-    rails.dedup_by(|a, b| a.ifname == b.ifname);
-    let chosen: Vec<Rail> = match filter {
-        Some(f) => {
-            let f = IfFilter::parse(f);
-            rails
-                .iter()
-                .filter(|r| f.matches(&r.ifname))
-                .cloned()
-                .collect()
-        }
-        None => rails
-            .iter()
-            .filter(|r| {
-                !r.ip.is_loopback()
-                    && !["docker", "virbr", "veth", "br-", "cni", "flannel", "cali"]
-                        .iter()
-                        .any(|p| r.ifname.starts_with(p))
-            })
-            .cloned()
-            .collect(),
-    };
-    if chosen.is_empty() {
-        if filter.is_some() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!(
-                    "RAILRING_SOCKET_IFNAME={} matches no IPv4 interface that is up (have: {})",
-                    filter.unwrap_or_default(),
-                    rails
-                        .iter()
-                        .map(|r| r.ifname.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-        return Ok(vec![Rail {
-            ifname: "lo".into(),
-            ip: Ipv4Addr::LOCALHOST,
-            prefix: 8,
-        }]);
-    }
-    Ok(chosen)
 }
 
 /// What a connecting rank says right after the handshake.
@@ -274,11 +128,14 @@ struct Dial<'a> {
 }
 
 impl TcpNet {
-    /// Listen on every rail and accept authenticated data connections in the background.
-    pub fn start(rails: Vec<Rail>, secret: &str) -> io::Result<Arc<TcpNet>> {
+    /// Listen on every rail (and fallback address) and accept authenticated data connections
+    /// in the background. `rails` of the result are the rails proper; `addrs`, which a rank
+    /// publishes, hold the fallbacks too (after the rails).
+    pub fn start(all: Vec<Rail>, secret: &str) -> io::Result<Arc<TcpNet>> {
         let pending: Pending = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
         let mut addrs = Vec::new();
-        for rail in &rails {
+        let rails: Vec<Rail> = all.iter().filter(|r| !r.fallback).cloned().collect();
+        for rail in &all {
             let l = TcpListener::bind(SocketAddr::new(IpAddr::V4(rail.ip), 0))?;
             addrs.push(RailAddr {
                 rail: rail.clone(),
@@ -624,37 +481,11 @@ impl Link for TcpLink {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ifname_grammar() {
-        let f = IfFilter::parse("rail,eth");
-        assert!(f.matches("rail0") && f.matches("eth1") && !f.matches("mgmt0"));
-        let f = IfFilter::parse("^docker,lo");
-        assert!(!f.matches("docker0") && !f.matches("lo") && f.matches("eth0"));
-        let f = IfFilter::parse("=eth0");
-        assert!(f.matches("eth0") && !f.matches("eth01"));
-        let f = IfFilter::parse("^=eth0");
-        assert!(!f.matches("eth0") && f.matches("eth01"));
-    }
-
-    #[test]
-    fn subnets() {
-        let r = Rail {
-            ifname: "rail0".into(),
-            ip: Ipv4Addr::new(10, 77, 10, 11),
-            prefix: 24,
-        };
-        assert!(r.same_subnet(Ipv4Addr::new(10, 77, 10, 12)));
-        assert!(!r.same_subnet(Ipv4Addr::new(10, 77, 11, 12)));
-    }
+    use std::net::Ipv4Addr;
 
     #[test]
     fn striped_links_keep_the_byte_order_in_both_directions() {
-        let lo = vec![Rail {
-            ifname: "lo".into(),
-            ip: Ipv4Addr::LOCALHOST,
-            prefix: 8,
-        }];
+        let lo = vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)];
         let a = TcpNet::start(lo.clone(), "s").unwrap();
         let b = TcpNet::start(lo, "s").unwrap();
         for streams in [1usize, 2, 3] {
@@ -707,11 +538,7 @@ mod tests {
     fn links_on_channels_that_differ_only_above_16_bits_stay_apart() {
         // the point-to-point channel is 1 << 16: its connections must not be taken for channel
         // 0's (a 16-bit channel field once merged them and dropped one set)
-        let lo = vec![Rail {
-            ifname: "lo".into(),
-            ip: Ipv4Addr::LOCALHOST,
-            prefix: 8,
-        }];
+        let lo = vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)];
         let a = TcpNet::start(lo.clone(), "s").unwrap();
         let b = TcpNet::start(lo, "s").unwrap();
         let t = Duration::from_secs(2);
@@ -759,11 +586,7 @@ mod tests {
 
     #[test]
     fn authenticated_link_moves_bytes_and_wrong_secret_is_refused() {
-        let lo = vec![Rail {
-            ifname: "lo".into(),
-            ip: Ipv4Addr::LOCALHOST,
-            prefix: 8,
-        }];
+        let lo = vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)];
         let a = TcpNet::start(lo.clone(), "s").unwrap();
         let b = TcpNet::start(lo.clone(), "s").unwrap();
         let mut l1 = a
