@@ -108,11 +108,7 @@ fn store_survives_garbage_huge_lengths_and_replays() {
 #[test]
 fn store_and_data_port_survive_a_thousand_slow_loris_connections() {
     let (h, _st) = store_server();
-    let lo = vec![Rail {
-        ifname: "lo".into(),
-        ip: Ipv4Addr::LOCALHOST,
-        prefix: 8,
-    }];
+    let lo = vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)];
     let a = TcpNet::start(lo.clone(), "k").unwrap();
     let b = TcpNet::start(lo, "k").unwrap();
     let data_port = SocketAddr::new(b.addrs[0].rail.ip.into(), b.addrs[0].port);
