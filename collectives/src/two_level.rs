@@ -14,13 +14,17 @@
 //! chain, then copied, so all ranks end bit-identical. Non-uniform layouts are refused
 //! ([`PlanError::NonUniform`]); the chooser then falls back to the flat ring.
 
-use crate::builder::{work, Ctx, PlanError};
+use crate::builder::{work, Ctx, LayoutIndex, PlanError};
 use crate::plan::{split, Algo, CollKind, Layout, Plan, Region, Step};
 use crate::ring::{ring_all_gather, ring_reduce_scatter};
 
 /// Two-level all-reduce of `count` elements.
 pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    all_reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count)
+}
+
+pub(crate) fn all_reduce_in(ctx: &Ctx, layout: &Layout, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     if !layout.uniform() {
         return Err(PlanError::NonUniform {
             algo: Algo::TwoLevel,
@@ -28,11 +32,10 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
         });
     }
     let nn = layout.nodes.len();
-    let (node, local) = layout
-        .locate(rank)
-        .ok_or(PlanError::BadRank { rank, n: ctx.n })?;
+    // uniform: node k holds positions [k*l, (k+1)*l) of the node-major order
+    let l = layout.nodes[0].len();
+    let (node, local) = (ctx.me() / l, ctx.me() % l);
     let group = &layout.nodes[node];
-    let l = group.len();
     let mut steps = Vec::new();
     if count > 0 {
         let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
@@ -69,21 +72,32 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 /// as its slice (`Work` has `count * n`; rank r's block ends reduced). Several nodes: unsupported
 /// (blocks owned by one local rank are not contiguous across nodes); the chooser takes the ring.
 pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    node_only(CollKind::ReduceScatter, layout, rank, count)
+    node_only(
+        CollKind::ReduceScatter,
+        &LayoutIndex::new(layout)?.ctx(rank)?,
+        layout,
+        count,
+    )
 }
 
 /// All-gather on one node: the fabric's all-gather with every rank's block as its slice.
 pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    node_only(CollKind::AllGather, layout, rank, count)
+    node_only(
+        CollKind::AllGather,
+        &LayoutIndex::new(layout)?.ctx(rank)?,
+        layout,
+        count,
+    )
 }
 
-fn node_only(
+/// Reduce-scatter or all-gather on one node (see [`reduce_scatter`], [`all_gather`]).
+pub(crate) fn node_only(
     kind: CollKind,
+    ctx: &Ctx,
     layout: &Layout,
-    rank: usize,
     count: usize,
 ) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    let rank = ctx.rank;
     if layout.nodes.len() != 1 {
         return Err(PlanError::Unsupported {
             kind,
