@@ -43,7 +43,7 @@ pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> 
     // Virtual index -> position.
     let position = |v: usize| if v < extra { 2 * v + 1 } else { v + extra };
     let mut steps = Vec::new();
-    if p < 2 * extra && p % 2 == 0 {
+    if p < 2 * extra && p.is_multiple_of(2) {
         push_exchange(&mut steps, Some((at(p + 1), all)), None, false, 0);
         push_exchange(&mut steps, None, Some((at(p + 1), all)), false, 0);
     } else {

@@ -103,8 +103,8 @@ pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> 
     let n = ctx.n;
     let mut steps = Vec::new();
     let chunk = |c: usize| work(split(count, n, c));
-    ring_reduce_scatter(&mut steps, &ctx.order, ctx.me(), &chunk, 0);
-    ring_all_gather(&mut steps, &ctx.order, ctx.me(), &chunk, 0);
+    ring_reduce_scatter(&mut steps, ctx.order, ctx.me(), &chunk, 0);
+    ring_all_gather(&mut steps, ctx.order, ctx.me(), &chunk, 0);
     Ok(plan(CollKind::AllReduce, rank, steps))
 }
 

@@ -86,7 +86,7 @@ pub(crate) fn broadcast_in(ctx: &Ctx, count: usize, root: usize) -> Result<Plan,
     let rank = ctx.rank;
     ctx.check_root(root)?;
     let mut steps = Vec::new();
-    bcast_steps(&mut steps, &tree(&ctx, root), Region::work(0, count));
+    bcast_steps(&mut steps, &tree(ctx, root), Region::work(0, count));
     Ok(plan(CollKind::Broadcast, rank, steps))
 }
 
@@ -99,7 +99,7 @@ pub(crate) fn reduce_in(ctx: &Ctx, count: usize, root: usize) -> Result<Plan, Pl
     let rank = ctx.rank;
     ctx.check_root(root)?;
     let mut steps = Vec::new();
-    reduce_steps(&mut steps, &tree(&ctx, root), Region::work(0, count));
+    reduce_steps(&mut steps, &tree(ctx, root), Region::work(0, count));
     Ok(plan(CollKind::Reduce, rank, steps))
 }
 
@@ -110,7 +110,7 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 
 pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
     let rank = ctx.rank;
-    let t = tree(&ctx, ctx.order[0]);
+    let t = tree(ctx, ctx.order[0]);
     let all = Region::work(0, count);
     let mut steps = Vec::new();
     reduce_steps(&mut steps, &t, all);
