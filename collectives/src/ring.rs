@@ -101,7 +101,7 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
     let rank = ctx.rank;
     let n = ctx.n;
-    let mut steps = Vec::new();
+    let mut steps = Vec::with_capacity(2 * n.saturating_sub(1));
     let chunk = |c: usize| work(split(count, n, c));
     ring_reduce_scatter(&mut steps, ctx.order, ctx.me(), &chunk, 0);
     ring_all_gather(&mut steps, ctx.order, ctx.me(), &chunk, 0);
@@ -115,7 +115,7 @@ pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan
 
 pub(crate) fn reduce_scatter_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
     let rank = ctx.rank;
-    let mut steps = Vec::new();
+    let mut steps = Vec::with_capacity(ctx.n.saturating_sub(1));
     let order = &ctx.order;
     let chunk = |c: usize| Region::work(order[c] * count, count);
     ring_reduce_scatter(&mut steps, order, ctx.me(), &chunk, 0);
@@ -129,7 +129,7 @@ pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 
 pub(crate) fn all_gather_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
     let rank = ctx.rank;
-    let mut steps = Vec::new();
+    let mut steps = Vec::with_capacity(ctx.n.saturating_sub(1));
     let order = &ctx.order;
     let chunk = |c: usize| Region::work(order[c] * count, count);
     ring_all_gather(&mut steps, order, ctx.me(), &chunk, 0);

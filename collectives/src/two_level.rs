@@ -36,7 +36,7 @@ pub(crate) fn all_reduce_in(ctx: &Ctx, layout: &Layout, count: usize) -> Result<
     let l = layout.nodes[0].len();
     let (node, local) = (ctx.me() / l, ctx.me() % l);
     let group = &layout.nodes[node];
-    let mut steps = Vec::new();
+    let mut steps = Vec::with_capacity(2 * nn + 2);
     if count > 0 {
         let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
         if l > 1 {

@@ -18,6 +18,8 @@ pub enum Command {
     Run(Box<RunOpts>),
     /// `railrun topo ...`: the arguments after `topo`.
     Topo(Vec<String>),
+    /// `railrun plan ...`: the arguments after `plan`.
+    Plan(Vec<String>),
     /// Hidden: `railrun --agent`, the remote side started over SSH.
     Agent {
         verbose: u8,
@@ -164,6 +166,9 @@ fn parse_x(v: &str) -> Result<EnvSpec, CliError> {
 pub fn parse(args: &[String]) -> Result<Command, CliError> {
     if args.first().map(String::as_str) == Some("topo") {
         return Ok(Command::Topo(args[1..].to_vec()));
+    }
+    if args.first().map(String::as_str) == Some("plan") {
+        return Ok(Command::Plan(args[1..].to_vec()));
     }
     if args.first().map(String::as_str) == Some("--agent") {
         return parse_agent(&args[1..]);
@@ -388,6 +393,7 @@ railrun: launch a railring job (mpirun-compatible)
 Usage:
   railrun [options] PROGRAM [ARGS...]
   railrun topo [topo options]          (show the machine's topology; railrun topo --help)
+  railrun plan --fabric F [options]    (predict collectives on a fabric; railrun plan --help)
 
 Everything after PROGRAM belongs to the program. Long options take one or two
 dashes (-np 4, --np 4, -hostfile F, --hostfile=F).

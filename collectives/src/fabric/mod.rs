@@ -188,7 +188,9 @@ impl Fabric {
                 return bad("a core tier needs a spine tier");
             }
             if c.leaves_per_pod == 0 || c.uplinks == 0 || c.uplinks > 65_536 {
-                return bad("core: leaves per pod and uplinks must be at least 1 (uplinks at most 65536)");
+                return bad(
+                    "core: leaves per pod and uplinks must be at least 1 (uplinks at most 65536)",
+                );
             }
             pos("core link bandwidth", c.link_bw)?;
         }
@@ -264,9 +266,8 @@ impl Fabric {
 
     /// Leaf oversubscription: NIC bandwidth below a leaf over its uplink bandwidth.
     pub fn leaf_oversubscription(&self) -> Option<f64> {
-        self.spine.map(|s| {
-            self.leaf_ports() as f64 * self.nic.bw / (s.spines as f64 * s.link_bw)
-        })
+        self.spine
+            .map(|s| self.leaf_ports() as f64 * self.nic.bw / (s.spines as f64 * s.link_bw))
     }
 
     /// Spine oversubscription (3-tier): a spine's leaf links over its core links.

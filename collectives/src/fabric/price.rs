@@ -119,8 +119,13 @@ impl Census {
 /// The rounds of one (collective, algorithm, shape) with each round's census.
 struct Structure {
     rho: usize,
-    /// Per round: the census id (into `censuses`) of its transfers, and its local steps.
-    rounds: Vec<(Option<usize>, Vec<RoundLocal>)>,
+    /// Number of rounds.
+    len: usize,
+    /// Rounds with transfers only: (census id, how many rounds have it).
+    plain: Vec<(usize, usize)>,
+    /// Rounds with in-node steps or copies: the census id of their transfers (if any) and the
+    /// local steps.
+    mixed: Vec<(Option<usize>, Vec<RoundLocal>)>,
     censuses: Vec<Census>,
 }
 
@@ -234,7 +239,7 @@ impl<'f> FabricPlanner<'f> {
             vec![0, 1.min(n - 1), n - 1]
         };
         sample.push(root);
-        for (_, locals) in &s.rounds {
+        for (_, locals) in &s.mixed {
             sample.extend(locals.iter().map(|l| l.rank as usize));
         }
         sample.sort_unstable();
@@ -267,8 +272,13 @@ impl<'f> FabricPlanner<'f> {
         }
         let mut time = 0.0;
         let mut per_census = vec![0.0f64; s.censuses.len()];
+        for &(c, k) in &s.plain {
+            let tr = s.censuses[c].at(bytes).0 * k as f64;
+            time += tr;
+            per_census[c] += tr;
+        }
         let mut local_time = 0.0;
-        for (cid, locals) in &s.rounds {
+        for (cid, locals) in &s.mixed {
             let (tx, _) = cid.map_or((0.0, None), |c| s.censuses[c].at(bytes));
             let mut tl = 0.0f64;
             for l in locals {
@@ -297,16 +307,20 @@ impl<'f> FabricPlanner<'f> {
         }
         let mut bottleneck = None;
         if time > 0.0 {
-            let (best, best_t) = per_census
-                .iter()
-                .enumerate()
-                .fold((None, 0.0), |(b, bt), (i, &t)| {
-                    if t > bt {
-                        (Some(i), t)
-                    } else {
-                        (b, bt)
-                    }
-                });
+            let (best, best_t) =
+                per_census
+                    .iter()
+                    .enumerate()
+                    .fold(
+                        (None, 0.0),
+                        |(b, bt), (i, &t)| {
+                            if t > bt {
+                                (Some(i), t)
+                            } else {
+                                (b, bt)
+                            }
+                        },
+                    );
             if local_time >= best_t {
                 bottleneck = Some(Bottleneck {
                     tier: Tier::NodeStep,
@@ -337,7 +351,7 @@ impl<'f> FabricPlanner<'f> {
         Ok(Prediction {
             algo,
             time,
-            rounds: s.rounds.len(),
+            rounds: s.len,
             transfer: bytes,
             bottleneck,
             rho: s.rho,
@@ -388,11 +402,11 @@ impl<'f> FabricPlanner<'f> {
         root: usize,
         rho: usize,
     ) -> Result<Schedule, String> {
-        let plans = (0..rho)
-            .map(|r| planner.plan(kind, algo, r, cc, root))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| e.to_string())?;
-        Schedule::run(&plans, self.ranks, rho)
+        Schedule::run_with(self.ranks, rho, |r| {
+            planner
+                .plan(kind, algo, r, cc, root)
+                .map_err(|e| e.to_string())
+        })
     }
 
     fn structure(
@@ -411,7 +425,10 @@ impl<'f> FabricPlanner<'f> {
         let sched = self.schedule(planner, kind, algo, cc, root, rho)?;
         let mut ids: FxMap<Vec<RoundXfer>, usize> = FxMap::default();
         let mut censuses = Vec::new();
-        let mut rounds = Vec::with_capacity(sched.rounds.len());
+        let len = sched.rounds.len();
+        let mut plain: Vec<(usize, usize)> = Vec::new();
+        let mut plain_at: FxMap<usize, usize> = FxMap::default();
+        let mut mixed = Vec::new();
         let mut last: Option<(Vec<RoundXfer>, usize)> = None;
         for Round { xfers, locals } in sched.rounds {
             let cid = if xfers.is_empty() {
@@ -428,11 +445,23 @@ impl<'f> FabricPlanner<'f> {
                 last = Some((xfers, c));
                 Some(c)
             };
-            rounds.push((cid, locals));
+            match (cid, locals.is_empty()) {
+                (Some(c), true) => {
+                    let i = *plain_at.entry(c).or_insert_with(|| {
+                        plain.push((c, 0));
+                        plain.len() - 1
+                    });
+                    plain[i].1 += 1;
+                }
+                (None, true) => {}
+                _ => mixed.push((cid, locals)),
+            }
         }
         let s = Rc::new(Structure {
             rho,
-            rounds,
+            len,
+            plain,
+            mixed,
             censuses,
         });
         self.cache.insert(key, s.clone());
@@ -440,7 +469,11 @@ impl<'f> FabricPlanner<'f> {
     }
 
     /// Every flow of a round: (source rank, destination rank, channel, reduce).
-    fn flows(&self, xfers: &[RoundXfer], rho: usize) -> impl Iterator<Item = (usize, usize, usize, bool)> + '_ {
+    fn flows(
+        &self,
+        xfers: &[RoundXfer],
+        rho: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize, bool)> + '_ {
         let n = self.ranks;
         let xs: Vec<RoundXfer> = xfers.to_vec();
         xs.into_iter().flat_map(move |x| {
@@ -588,7 +621,10 @@ impl<'f> FabricPlanner<'f> {
         });
         let mut kept: Vec<Line> = Vec::new();
         for l in lines {
-            if !kept.iter().any(|k| k.alpha >= l.alpha && k.slope >= l.slope) {
+            if !kept
+                .iter()
+                .any(|k| k.alpha >= l.alpha && k.slope >= l.slope)
+            {
                 kept.push(l);
             }
         }

@@ -94,7 +94,11 @@ impl Routes {
         let e = f.efficiency;
         let leaf_bw = f.spine.map_or(0.0, |t| t.link_bw) * e;
         let core_bw = f.core.map_or(0.0, |t| t.link_bw) * e;
-        let bundle_w = if bundle { [1, 1, s, s, s * c, s * c] } else { [1; 6] };
+        let bundle_w = if bundle {
+            [1, 1, s, s, s * c, s * c]
+        } else {
+            [1; 6]
+        };
         let nic_cap = f.nic.bw * e;
         Routes {
             nics: f.nics,

@@ -134,39 +134,135 @@ pub fn shape_count(kind: CollKind, algo: Algo, count: usize, n: usize) -> usize 
 
 type QKey = (u32, u32, u32);
 
-/// One (sender class, offset, channel) FIFO: messages posted and not yet received (time
-/// posted, sequence), the next sequence number, and deliveries the sender has not read yet.
-#[derive(Default)]
+/// One (sender class, offset, channel) FIFO. A sender's step ends only once its message was
+/// received, so a FIFO holds at most one message (time posted) and at most one delivery
+/// (time it arrived) the sender has not read yet.
+#[derive(Default, Clone, Copy)]
 struct Fifo {
-    queue: VecDeque<(u64, u64)>,
-    next: u64,
-    delivered: Vec<(u64, u64)>,
+    msg: Option<u64>,
+    delivered: Option<u64>,
+}
+
+/// The FIFOs, by sender: each sender's few (offset, channel) FIFOs side by side.
+struct Fifos(Vec<Vec<(u32, u32, Fifo)>>);
+
+impl Fifos {
+    fn get(&mut self, (src, off, chan): QKey) -> &mut Fifo {
+        let v = &mut self.0[src as usize];
+        let i = match v.iter().position(|e| e.0 == off && e.1 == chan) {
+            Some(i) => i,
+            None => {
+                v.push((off, chan, Fifo::default()));
+                v.len() - 1
+            }
+        };
+        &mut v[i].2
+    }
 }
 
 #[derive(Clone, Default)]
 struct St {
     posted: bool,
-    send: Option<(QKey, u64)>,
+    send: Option<QKey>,
     recv: Option<u64>,
 }
+
+/// A plan step reduced to what the unit-time run reads (so that 100 000 ranks' plans fit in
+/// cache-friendly memory): the peers and channels of its live sides, or its in-node group.
+#[derive(Clone, Copy)]
+struct CStep {
+    kind: u8,
+    reduce: bool,
+    send: u32,
+    send_chan: u32,
+    recv: u32,
+    recv_chan: u32,
+    /// In-node steps: index into the group table (`u32::MAX`: a member outside the world).
+    group: u32,
+}
+
+const NONE: u32 = u32::MAX;
+const XCHG: u8 = 0;
+const NODE: u8 = 1;
+const COPY: u8 = 2;
 
 impl Schedule {
     /// Runs the plans of ranks `0..rho` (`plans[c]` is rank c's plan; with `rho = n`, every
     /// rank's) in unit time and collects the rounds. `Err` when the run stalls: the plans
     /// deadlock, or (with `rho < n`) the ranks of a class do not run in lock-step.
     pub fn run(plans: &[Plan], n: usize, rho: usize) -> Result<Schedule, String> {
-        if plans.len() != rho || rho == 0 || n % rho != 0 {
-            return Err(format!(
-                "{} plans for rotation classes of {rho} over {n} ranks",
-                plans.len()
-            ));
+        if plans.len() != rho {
+            return Err(format!("{} plans for {rho} rotation classes", plans.len()));
         }
+        Schedule::run_with(n, rho, |r| Ok(plans[r].clone()))
+    }
+
+    /// [`Schedule::run`] with the plans built one at a time by `plan_of(rank)` and kept only in
+    /// compact form.
+    pub fn run_with(
+        n: usize,
+        rho: usize,
+        mut plan_of: impl FnMut(usize) -> Result<Plan, String>,
+    ) -> Result<Schedule, String> {
+        if rho == 0 || !n.is_multiple_of(rho) || n > u32::MAX as usize {
+            return Err(format!("rotation classes of {rho} over {n} ranks"));
+        }
+        let mut steps: Vec<CStep> = Vec::new();
+        let mut first: Vec<usize> = Vec::with_capacity(rho + 1);
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut group_ids: FxMap<Vec<usize>, u32> = FxMap::default();
+        for r in 0..rho {
+            first.push(steps.len());
+            let plan = plan_of(r)?;
+            for step in &plan.steps {
+                let mut c = CStep {
+                    kind: XCHG,
+                    reduce: false,
+                    send: NONE,
+                    send_chan: 0,
+                    recv: NONE,
+                    recv_chan: 0,
+                    group: NONE,
+                };
+                match step {
+                    Step::Exchange { send, recv, reduce } => {
+                        c.reduce = *reduce;
+                        if let Some(x) = send.filter(|x| x.region.len > 0) {
+                            c.send = x.peer as u32;
+                            c.send_chan = x.chan as u32;
+                        }
+                        if let Some(x) = recv.filter(|x| x.region.len > 0) {
+                            c.recv = x.peer as u32;
+                            c.recv_chan = x.chan as u32;
+                        }
+                    }
+                    Step::NodeReduceScatter { group, .. } | Step::NodeAllGather { group, .. } => {
+                        c.kind = NODE;
+                        if group.iter().all(|&m| m < n) {
+                            let mut members: Vec<usize> = group.iter().map(|&m| m % rho).collect();
+                            members.sort_unstable();
+                            members.dedup();
+                            let next = groups.len() as u32;
+                            c.group = *group_ids.entry(members.clone()).or_insert_with(|| {
+                                groups.push(members);
+                                next
+                            });
+                        }
+                    }
+                    Step::Copy { .. } => c.kind = COPY,
+                }
+                steps.push(c);
+            }
+        }
+        first.push(steps.len());
+        let len = |r: usize| first[r + 1] - first[r];
+        let step_at = |r: usize, pc: usize| (pc < len(r)).then(|| steps[first[r] + pc]);
         let nn = n as u64;
         let mut t = vec![0u64; rho];
         let mut pc = vec![0usize; rho];
         let mut local = vec![0u32; rho];
         let mut st = vec![St::default(); rho];
-        let mut fifos: FxMap<QKey, Fifo> = FxMap::default();
+        let mut fifos = Fifos(vec![Vec::new(); rho]);
         let mut rounds: Vec<Round> = Vec::new();
         let at = |rounds: &mut Vec<Round>, r: u64| -> usize {
             let r = r as usize;
@@ -176,117 +272,128 @@ impl Schedule {
             r
         };
         let off = |from: usize, to: usize| ((to as u64 + nn - from as u64 % nn) % nn) as u32;
-        let is_node =
-            |s: &Step| matches!(s, Step::NodeReduceScatter { .. } | Step::NodeAllGather { .. });
-        loop {
-            let mut progress = false;
-            for r in 0..rho {
-                while let Some(step) = plans[r].steps.get(pc[r]) {
-                    let mut moved = false;
-                    match step {
-                        Step::Copy { .. } => {
-                            let i = at(&mut rounds, t[r]);
-                            rounds[i].locals.push(RoundLocal {
-                                rank: r as u32,
-                                index: local[r],
-                            });
-                            local[r] += 1;
-                            t[r] += 1;
+        // A worklist of representatives that may move: a blocked one is woken by the event it
+        // waits for (a message posted to it, its message received, its node group complete).
+        // The times do not depend on the order ranks are visited in.
+        let mut work: VecDeque<usize> = (0..rho).collect();
+        let mut queued = vec![true; rho];
+        let wake = |work: &mut VecDeque<usize>, queued: &mut Vec<bool>, c: usize| {
+            if !queued[c] {
+                queued[c] = true;
+                work.push_back(c);
+            }
+        };
+        while let Some(r) = work.pop_front() {
+            queued[r] = false;
+            while let Some(step) = step_at(r, pc[r]) {
+                let mut moved = false;
+                match step.kind {
+                    COPY => {
+                        let i = at(&mut rounds, t[r]);
+                        rounds[i].locals.push(RoundLocal {
+                            rank: r as u32,
+                            index: local[r],
+                        });
+                        local[r] += 1;
+                        t[r] += 1;
+                        pc[r] += 1;
+                        moved = true;
+                    }
+                    XCHG => {
+                        if !st[r].posted {
+                            st[r].posted = true;
+                            moved = true;
+                            if step.send != NONE {
+                                let peer = step.send as usize;
+                                let key = (r as u32, off(r, peer), step.send_chan);
+                                let f = fifos.get(key);
+                                if f.msg.is_some() || f.delivered.is_some() {
+                                    return Err(format!(
+                                        "rank {r}: a second message to {peer} before the first arrived"
+                                    ));
+                                }
+                                f.msg = Some(t[r]);
+                                st[r].send = Some(key);
+                                wake(&mut work, &mut queued, peer % rho);
+                            }
+                        }
+                        if step.recv != NONE && st[r].recv.is_none() {
+                            let peer = step.recv as usize;
+                            let key = ((peer % rho) as u32, off(peer, r), step.recv_chan);
+                            let f = fifos.get(key);
+                            if let Some(posted) = f.msg.take() {
+                                let start = posted.max(t[r]);
+                                f.delivered = Some(start + 1);
+                                let i = at(&mut rounds, start);
+                                rounds[i].xfers.push(RoundXfer {
+                                    src: key.0,
+                                    off: key.1,
+                                    chan: key.2,
+                                    reduce: step.reduce,
+                                });
+                                st[r].recv = Some(start + 1);
+                                moved = true;
+                                wake(&mut work, &mut queued, key.0 as usize);
+                            }
+                        }
+                        let sent = match st[r].send {
+                            None => Some(t[r]),
+                            Some(k) => fifos.get(k).delivered,
+                        };
+                        let got = if step.recv != NONE {
+                            st[r].recv
+                        } else {
+                            Some(t[r])
+                        };
+                        if let (Some(a), Some(b)) = (sent, got) {
+                            if let Some(k) = st[r].send {
+                                fifos.get(k).delivered = None;
+                            }
+                            t[r] = t[r].max(a).max(b);
+                            st[r] = St::default();
                             pc[r] += 1;
                             moved = true;
                         }
-                        Step::Exchange { send, recv, reduce } => {
-                            let send = send.filter(|x| x.region.len > 0);
-                            let recv = recv.filter(|x| x.region.len > 0);
-                            if !st[r].posted {
-                                st[r].posted = true;
-                                moved = true;
-                                if let Some(x) = send {
-                                    let key = (r as u32, off(r, x.peer), x.chan as u32);
-                                    let f = fifos.entry(key).or_default();
-                                    st[r].send = Some((key, f.next));
-                                    f.queue.push_back((t[r], f.next));
-                                    f.next += 1;
+                    }
+                    _ => {
+                        let members: &[usize] = if step.group == NONE {
+                            &[]
+                        } else {
+                            &groups[step.group as usize]
+                        };
+                        let ready = step.group != NONE
+                            && members
+                                .iter()
+                                .all(|&c| step_at(c, pc[c]).is_some_and(|s| s.kind == NODE));
+                        if ready {
+                            let start = members.iter().map(|&c| t[c]).max().unwrap_or(0);
+                            let i = at(&mut rounds, start);
+                            for &c in members {
+                                rounds[i].locals.push(RoundLocal {
+                                    rank: c as u32,
+                                    index: local[c],
+                                });
+                                local[c] += 1;
+                                t[c] = start + 1;
+                                pc[c] += 1;
+                                if c != r {
+                                    wake(&mut work, &mut queued, c);
                                 }
                             }
-                            if let (Some(x), None) = (recv, st[r].recv) {
-                                let key = ((x.peer % rho) as u32, off(x.peer, r), x.chan as u32);
-                                let f = fifos.get_mut(&key);
-                                if let Some((f, (posted, seq))) =
-                                    f.and_then(|f| f.queue.pop_front().map(|m| (f, m)))
-                                {
-                                    let start = posted.max(t[r]);
-                                    let i = at(&mut rounds, start);
-                                    rounds[i].xfers.push(RoundXfer {
-                                        src: key.0,
-                                        off: key.1,
-                                        chan: key.2,
-                                        reduce: *reduce,
-                                    });
-                                    f.delivered.push((seq, start + 1));
-                                    st[r].recv = Some(start + 1);
-                                    moved = true;
-                                }
-                            }
-                            let sent = match st[r].send {
-                                None => Some(t[r]),
-                                Some((k, seq)) => fifos.get(&k).and_then(|f| {
-                                    f.delivered.iter().find(|d| d.0 == seq).map(|d| d.1)
-                                }),
-                            };
-                            let got = if recv.is_some() { st[r].recv } else { Some(t[r]) };
-                            if let (Some(a), Some(b)) = (sent, got) {
-                                if let Some((k, seq)) = st[r].send {
-                                    if let Some(f) = fifos.get_mut(&k) {
-                                        f.delivered.retain(|d| d.0 != seq);
-                                    }
-                                }
-                                t[r] = t[r].max(a).max(b);
-                                st[r] = St::default();
-                                pc[r] += 1;
-                                moved = true;
-                            }
-                        }
-                        Step::NodeReduceScatter { group, .. }
-                        | Step::NodeAllGather { group, .. } => {
-                            let mut members: Vec<usize> = group.iter().map(|&m| m % rho).collect();
-                            members.sort_unstable();
-                            members.dedup();
-                            let ready = group.iter().all(|&m| m < n)
-                                && members
-                                    .iter()
-                                    .all(|&c| plans[c].steps.get(pc[c]).is_some_and(is_node));
-                            if ready {
-                                let start = members.iter().map(|&c| t[c]).max().unwrap_or(0);
-                                let i = at(&mut rounds, start);
-                                for &c in &members {
-                                    rounds[i].locals.push(RoundLocal {
-                                        rank: c as u32,
-                                        index: local[c],
-                                    });
-                                    local[c] += 1;
-                                    t[c] = start + 1;
-                                    pc[c] += 1;
-                                }
-                                moved = true;
-                            }
+                            moved = true;
                         }
                     }
-                    if !moved {
-                        break;
-                    }
-                    progress = true;
+                }
+                if !moved {
+                    break;
                 }
             }
-            if !progress {
-                break;
-            }
         }
-        if let Some(r) = (0..rho).find(|&r| pc[r] < plans[r].steps.len()) {
+        if let Some(r) = (0..rho).find(|&r| pc[r] < len(r)) {
             return Err(format!(
                 "the plans stall: rank {r} waits at step {} of {}{}",
                 pc[r],
-                plans[r].steps.len(),
+                len(r),
                 if rho < n {
                     " (the ranks of a rotation class are not in lock-step)"
                 } else {

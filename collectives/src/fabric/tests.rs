@@ -273,7 +273,10 @@ fn oversubscription_slows_the_ring_where_it_crosses_leaves() {
             .unwrap()
     };
     let (a, b) = (t(&f1), t(&f3));
-    assert!(b.time > 2.5 * a.time && b.time < 3.1 * a.time, "{a:?} {b:?}");
+    assert!(
+        b.time > 2.5 * a.time && b.time < 3.1 * a.time,
+        "{a:?} {b:?}"
+    );
     assert_eq!(b.bottleneck.unwrap().tier, Tier::Link(LinkClass::LeafUp));
     assert_eq!(a.bottleneck.unwrap().tier, Tier::Link(LinkClass::NicUp));
 }
@@ -328,7 +331,11 @@ fn a_wrong_symmetry_is_caught_by_the_brute_force() {
     let planner = Planner::new(&layout).unwrap();
     let cc = shape_count(CollKind::Broadcast, Algo::Ring, 1 << 20, 8);
     let plans: Vec<_> = (0..8)
-        .map(|r| planner.plan(CollKind::Broadcast, Algo::Ring, r, cc, 0).unwrap())
+        .map(|r| {
+            planner
+                .plan(CollKind::Broadcast, Algo::Ring, r, cc, 0)
+                .unwrap()
+        })
         .collect();
     let all = Schedule::run(&plans, 8, 8).unwrap();
     let wrong = Schedule::run(&plans[..1], 8, 1);

@@ -1,0 +1,1 @@
+//! Fabric-aware node order (placeholder).
