@@ -58,6 +58,8 @@ pub struct RunOpts {
     pub oversubscribe: bool,
     pub dry_run: Option<DryRun>,
     pub report_bindings: bool,
+    /// `--fabric F`: order nodes by the fabric (falls back to `RAILRING_FABRIC`).
+    pub fabric: Option<PathBuf>,
     pub env: Vec<EnvSpec>,
     pub tag_output: bool,
     pub output_dir: Option<PathBuf>,
@@ -83,6 +85,7 @@ impl Default for RunOpts {
             oversubscribe: false,
             dry_run: None,
             report_bindings: false,
+            fabric: None,
             env: Vec::new(),
             tag_output: false,
             output_dir: None,
@@ -253,6 +256,7 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
                 o.report_bindings = true
             }
             "x" => o.env.push(parse_x(&value(&mut i)?)?),
+            "fabric" => o.fabric = Some(PathBuf::from(value(&mut i)?)),
             "tag-output" => {
                 flag(&inline)?;
                 o.tag_output = true
@@ -412,6 +416,9 @@ Placement:
   --dry-run=json           the same as JSON
   --report-bindings        print each rank's GPU / NIC(s) / CPUs before starting
   --bind-to none|numa|core passed to ranks as RAILRING_BIND_TO
+  --fabric F               order nodes by fabric file F (leaf by leaf) so rings cross
+                           the fewest uplinks; --dry-run shows the crossings per ring
+                           (env RAILRING_FABRIC; docs/fabric.md)
 
 Environment and I/O:
   -x VAR                   forward VAR's value from railrun's environment
@@ -433,7 +440,7 @@ Lifecycle:
   -h, --help               this help
   --version                railrun's version
 
-Environment read by railrun: RAILRUN_SSH (like --ssh), RAILRUN_KILL_GRACE
+Environment read by railrun: RAILRUN_SSH (like --ssh), RAILRING_FABRIC (like --fabric), RAILRUN_KILL_GRACE
 (seconds between SIGTERM and SIGKILL when a job is killed; default 3).
 
 Exit status: 0 if every rank exited 0; otherwise the first failing rank's code

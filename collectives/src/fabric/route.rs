@@ -148,6 +148,29 @@ impl Routes {
         self.cap[c] / load.div_ceil(self.bundle[c].max(1) as u32).max(1) as f64
     }
 
+    /// What a link joins: its class, and (node, NIC) for NIC links, (leaf, spine) for leaf
+    /// links, (pod, spine × core-uplinks + uplink) for core links; on an ideal bundle the second
+    /// number is `None` (the bundle stands for all the equal-cost links).
+    pub fn ends(&self, link: u32) -> (LinkClass, usize, Option<usize>) {
+        let class = self.class(link);
+        let off = link as usize - self.base[class as usize];
+        match class {
+            LinkClass::NicUp | LinkClass::NicDown => {
+                (class, off / self.nics.max(1), Some(off % self.nics.max(1)))
+            }
+            _ if self.ecmp == Ecmp::Ideal => (class, off, None),
+            LinkClass::LeafUp | LinkClass::LeafDown => (
+                class,
+                off / self.spines.max(1),
+                Some(off % self.spines.max(1)),
+            ),
+            LinkClass::SpineUp | LinkClass::SpineDown => {
+                let w = self.spines.max(1) * self.uplinks.max(1);
+                (class, off / w, Some(off % w))
+            }
+        }
+    }
+
     /// Equal-cost links a flow on `link` could have taken (1 for NIC links).
     pub fn ecmp_width(&self, link: u32) -> usize {
         match self.class(link) {

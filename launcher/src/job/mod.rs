@@ -79,7 +79,7 @@ fn kill_grace() -> Duration {
 /// `railrun [options] PROGRAM ...`: returns the exit code.
 pub fn run(opts: &RunOpts) -> i32 {
     let env = |k: &str| std::env::var(k).ok();
-    let src =
+    let mut src =
         match host_source::resolve_hosts(opts.hostfile.as_deref(), opts.hosts.as_deref(), &env) {
             Ok(s) => s,
             Err(e) => {
@@ -87,6 +87,19 @@ pub fn run(opts: &RunOpts) -> i32 {
                 return EXIT_CONFIG;
             }
         };
+    // --fabric / RAILRING_FABRIC: hosts in the fabric's node order (docs/fabric.md)
+    let fabric = match crate::plan::order::fabric_of_run(opts.fabric.as_deref()).and_then(|f| {
+        if let Some((ff, path)) = &f {
+            crate::plan::order::fabric_order(&mut src, ff, path)?;
+        }
+        Ok(f)
+    }) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("railrun: {e}");
+            return EXIT_CONFIG;
+        }
+    };
     let req = PlacementRequest {
         np: opts.np,
         ppn: opts.ppn,
@@ -101,7 +114,7 @@ pub fn run(opts: &RunOpts) -> i32 {
         }
     };
     if let Some(d) = opts.dry_run {
-        return dry_run(opts, &pl, d);
+        return dry_run(opts, &pl, d, fabric.as_ref());
     }
     if opts.report_bindings {
         eprint!("{}", report_bindings(&pl, opts.bind_to));
@@ -135,7 +148,12 @@ pub fn run(opts: &RunOpts) -> i32 {
 
 /// `--dry-run`: the placement (table or JSON; with `--report-bindings`, the table is followed
 /// by the bindings) on stdout, nothing started.
-fn dry_run(opts: &RunOpts, pl: &Placement, d: DryRun) -> i32 {
+fn dry_run(
+    opts: &RunOpts,
+    pl: &Placement,
+    d: DryRun,
+    fabric: Option<&(crate::plan::fabric_file::FabricFile, String)>,
+) -> i32 {
     let mut out = match d {
         DryRun::Table => pl.table(),
         DryRun::Json => pl.to_json(),
@@ -145,6 +163,15 @@ fn dry_run(opts: &RunOpts, pl: &Placement, d: DryRun) -> i32 {
     }
     if opts.report_bindings && d == DryRun::Table {
         out.push_str(&report_bindings(pl, opts.bind_to));
+    }
+    if let (Some((ff, path)), DryRun::Table) = (fabric, d) {
+        match crate::plan::order::describe(pl, ff, path, true) {
+            Ok(s) => out.push_str(&s),
+            Err(e) => {
+                eprintln!("railrun: --fabric {path}: {e}");
+                return EXIT_CONFIG;
+            }
+        }
     }
     let _ = std::io::stdout().write_all(out.as_bytes());
     let _ = std::io::stdout().flush();

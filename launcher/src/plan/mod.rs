@@ -18,7 +18,7 @@ pub mod order;
 pub mod svg;
 
 use railring_collectives::build::algorithms_for;
-use railring_collectives::fabric::{Bottleneck, FabricPlanner, Prediction, Tier};
+use railring_collectives::fabric::{Bottleneck, Ecmp, FabricPlanner, Prediction, Tier};
 use railring_collectives::{Algo, CollKind, DataType};
 use std::io::Write;
 use std::path::PathBuf;
@@ -43,6 +43,10 @@ const USAGE: &str = "usage: railrun plan --fabric FILE [options]
   --html FILE          also write a page: the fabric with links coloured by load, the node
                        interconnect, and the two-level all-reduce step by step
   --size S             the size the page's fabric view shows (default: the largest)
+  --links              with --json: the flows on every fabric link in each algorithm's busiest
+                       round (at the largest size)
+  --ecmp MODE          instead of the file's: ideal (flows spread evenly over equal-cost
+                       uplinks), worst (all on one), hash or hash:SEED
 ";
 
 /// Options of `railrun plan`.
@@ -61,6 +65,10 @@ pub struct PlanArgs {
     pub svg: Option<PathBuf>,
     pub html: Option<PathBuf>,
     pub html_size: Option<u64>,
+    /// `--ecmp`: override the fabric file's ECMP mode.
+    pub ecmp: Option<Ecmp>,
+    /// `--links`: with `--json`, the flows on every link in each algorithm's busiest round.
+    pub links: bool,
 }
 
 impl Default for PlanArgs {
@@ -79,6 +87,8 @@ impl Default for PlanArgs {
             svg: None,
             html: None,
             html_size: None,
+            ecmp: None,
+            links: false,
         }
     }
 }
@@ -182,9 +192,26 @@ pub fn parse_args(args: &[String]) -> Result<Option<PlanArgs>, String> {
                 };
             }
             "--json" => a.json = true,
+            "--links" => a.links = true,
             "--svg" => a.svg = Some(PathBuf::from(value()?)),
             "--html" => a.html = Some(PathBuf::from(value()?)),
             "--size" => a.html_size = Some(size(value()?)?),
+            "--ecmp" => {
+                let v = value()?;
+                a.ecmp = Some(match v.to_ascii_lowercase().as_str() {
+                    "ideal" => Ecmp::Ideal,
+                    "worst" => Ecmp::Worst,
+                    "hash" => Ecmp::Hash { seed: 0 },
+                    h => match h.strip_prefix("hash:").and_then(|x| x.parse().ok()) {
+                        Some(seed) => Ecmp::Hash { seed },
+                        None => {
+                            return Err(format!(
+                                "--ecmp `{v}`: expected ideal, worst, hash or hash:SEED"
+                            ))
+                        }
+                    },
+                });
+            }
             "-h" | "--help" => return Ok(None),
             _ => return Err(format!("unknown option `{arg}`\n{USAGE}")),
         }
@@ -246,6 +273,15 @@ pub fn count_of(kind: CollKind, size: u64, ds: usize, n: usize) -> (usize, u64) 
     }
 }
 
+/// Flows on one link in a round: its class, what it joins (see `Routes::ends`), and the flows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinkLoad {
+    pub class: railring_collectives::fabric::LinkClass,
+    pub a: usize,
+    pub b: Option<usize>,
+    pub flows: u32,
+}
+
 /// One row: a size and every algorithm's prediction.
 #[derive(Clone, Debug)]
 pub struct Row {
@@ -259,6 +295,9 @@ pub struct Row {
 /// The whole table.
 #[derive(Clone, Debug)]
 pub struct Table {
+    /// Per algorithm (with `--links` or `--html`): the busiest round's flows per link, at the
+    /// largest size, as (class, from, to, flows).
+    pub links: Vec<(Algo, Vec<LinkLoad>)>,
     pub kind: CollKind,
     pub dtype: DataType,
     pub ranks: usize,
@@ -350,7 +389,33 @@ pub fn compute(ff: &fabric_file::FabricFile, args: &PlanArgs) -> Result<Table, S
             choice,
         });
     }
+    let mut links = Vec::new();
+    if args.links || args.html.is_some() {
+        let size = args.html_size.unwrap_or(*sizes.last().unwrap_or(&8));
+        let (count, _) = count_of(args.kind, size, ds, ranks);
+        for &algo in &algos {
+            let Ok(mut p) = FabricPlanner::new(f, ranks, true) else {
+                continue;
+            };
+            if ranks > RANK_BY_RANK_MAX && matches!(algo, Algo::RecursiveDoubling) {
+                continue;
+            }
+            if let Ok(v) = p.link_loads(args.kind, algo, count.max(1), 0) {
+                let r = p.routes();
+                links.push((
+                    algo,
+                    v.into_iter()
+                        .map(|(l, flows)| {
+                            let (class, a, b) = r.ends(l);
+                            LinkLoad { class, a, b, flows }
+                        })
+                        .collect(),
+                ));
+            }
+        }
+    }
     Ok(Table {
+        links,
         kind: args.kind,
         dtype: args.dtype,
         ranks,
@@ -509,7 +574,22 @@ pub fn render_json(ff: &fabric_file::FabricFile, t: &Table) -> String {
             })
         })
         .collect();
+    let links: Map<String, Value> = t
+        .links
+        .iter()
+        .map(|(a, v)| {
+            (
+                a.name().to_string(),
+                Value::Array(
+                    v.iter()
+                        .map(|l| json!({"class": l.class.name(), "from": l.a, "to": l.b, "flows": l.flows}))
+                        .collect(),
+                ),
+            )
+        })
+        .collect();
     let v = json!({
+        "busiest_round_links": links,
         "fabric": {
             "name": f.name,
             "summary": f.summary(),
@@ -564,7 +644,10 @@ fn plan(mut a: PlanArgs) -> Result<(), String> {
         .fabric
         .clone()
         .ok_or_else(|| format!("no fabric: give --fabric FILE (or RAILRING_FABRIC)\n{USAGE}"))?;
-    let ff = fabric_file::load(&path)?;
+    let mut ff = fabric_file::load(&path)?;
+    if let Some(e) = a.ecmp {
+        ff.fabric.ecmp = e;
+    }
     let t = compute(&ff, &a)?;
     let text = if a.json {
         render_json(&ff, &t)
