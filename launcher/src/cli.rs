@@ -60,6 +60,9 @@ pub struct RunOpts {
     pub report_bindings: bool,
     /// `--fabric F`: order nodes by the fabric (falls back to `RAILRING_FABRIC`).
     pub fabric: Option<PathBuf>,
+    /// `--fabric-keep-order`: with a fabric, keep the host source's order (the dry run still
+    /// shows the crossings).
+    pub fabric_keep_order: bool,
     pub env: Vec<EnvSpec>,
     pub tag_output: bool,
     pub output_dir: Option<PathBuf>,
@@ -86,6 +89,7 @@ impl Default for RunOpts {
             dry_run: None,
             report_bindings: false,
             fabric: None,
+            fabric_keep_order: false,
             env: Vec::new(),
             tag_output: false,
             output_dir: None,
@@ -257,6 +261,10 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
             }
             "x" => o.env.push(parse_x(&value(&mut i)?)?),
             "fabric" => o.fabric = Some(PathBuf::from(value(&mut i)?)),
+            "fabric-keep-order" => {
+                flag(&inline)?;
+                o.fabric_keep_order = true
+            }
             "tag-output" => {
                 flag(&inline)?;
                 o.tag_output = true
@@ -419,6 +427,8 @@ Placement:
   --fabric F               order nodes by fabric file F (leaf by leaf) so rings cross
                            the fewest uplinks; --dry-run shows the crossings per ring
                            (env RAILRING_FABRIC; docs/fabric.md)
+  --fabric-keep-order      with a fabric: keep the host order given (--dry-run still
+                           shows each ring's crossings)
 
 Environment and I/O:
   -x VAR                   forward VAR's value from railrun's environment
@@ -509,6 +519,11 @@ mod tests {
         assert_eq!(run("-map-by slot p").map_by, MapBy::Slot);
         assert_eq!(run("--dry-run p").dry_run, Some(DryRun::Table));
         assert_eq!(run("p").connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        let o = run("--fabric f.json --fabric-keep-order p");
+        assert_eq!(o.fabric, Some(PathBuf::from("f.json")));
+        assert!(o.fabric_keep_order);
+        assert!(p("--fabric-keep-order=1 p").is_err());
+        assert_eq!(p("plan --json").unwrap(), Command::Plan(vec!["--json".into()]));
     }
 
     #[test]

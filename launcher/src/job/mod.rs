@@ -90,7 +90,9 @@ pub fn run(opts: &RunOpts) -> i32 {
     // --fabric / RAILRING_FABRIC: hosts in the fabric's node order (docs/fabric.md)
     let fabric = match crate::plan::order::fabric_of_run(opts.fabric.as_deref()).and_then(|f| {
         if let Some((ff, path)) = &f {
-            crate::plan::order::fabric_order(&mut src, ff, path)?;
+            if !opts.fabric_keep_order {
+                crate::plan::order::fabric_order(&mut src, ff, path)?;
+            }
         }
         Ok(f)
     }) {
@@ -165,7 +167,7 @@ fn dry_run(
         out.push_str(&report_bindings(pl, opts.bind_to));
     }
     if let (Some((ff, path)), DryRun::Table) = (fabric, d) {
-        match crate::plan::order::describe(pl, ff, path, true) {
+        match crate::plan::order::describe(pl, ff, path, !opts.fabric_keep_order) {
             Ok(s) => out.push_str(&s),
             Err(e) => {
                 eprintln!("railrun: --fabric {path}: {e}");
