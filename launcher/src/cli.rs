@@ -450,7 +450,8 @@ Lifecycle:
   -h, --help               this help
   --version                railrun's version
 
-Environment read by railrun: RAILRUN_SSH (like --ssh), RAILRING_FABRIC (like --fabric), RAILRUN_KILL_GRACE
+Environment read by railrun: RAILRUN_SSH (like --ssh), RAILRING_FABRIC (like --fabric),
+RAILRUN_FANOUT (agents connecting at once; default 64), RAILRUN_KILL_GRACE
 (seconds between SIGTERM and SIGKILL when a job is killed; default 3).
 
 Exit status: 0 if every rank exited 0; otherwise the first failing rank's code

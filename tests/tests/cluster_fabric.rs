@@ -2,8 +2,9 @@
 //! 300 Mbit/s, leaf-spine links at 100 Mbit/s): traffic between leaves is routed through the
 //! spines and between hosts of one leaf is not; the 3:1 oversubscription is real (a transfer
 //! across leaves cannot beat the uplink rate); the leaves spread connections over both spines
-//! (ECMP on the 5-tuple); and railring's all-reduce, with railrun's fabric-aware node order, gives
-//! exact results on every rank across it. Needs root; prints SKIPPED otherwise (fails under CI).
+//! (ECMP on the 5-tuple); and railring's all-reduce, with railrun's fabric-aware node order (and
+//! its agents started one at a time, `RAILRUN_FANOUT=1`), gives exact results on every rank
+//! across it. Needs root; prints SKIPPED otherwise (fails under CI).
 
 use railring_tests::cluster::{Cluster, UpOptions};
 use std::io::{Read, Write};
@@ -163,9 +164,11 @@ fn leaf_spine_fabric_routes_shapes_spreads_and_carries_collectives() {
     );
     let mut run: Vec<&str> = base.to_vec();
     run.extend([COLLCHECK, "allreduce", "1000003"]);
+    // one agent connecting at a time: the next starts when the previous says hello
     let out = c
         .exec("head", &run)
         .env_remove("RAILRING_FABRIC")
+        .env("RAILRUN_FANOUT", "1")
         .stdin(Stdio::null())
         .output()
         .unwrap();
