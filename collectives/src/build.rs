@@ -6,11 +6,11 @@
 //! | kind            | algorithms                                        |
 //! |-----------------|---------------------------------------------------|
 //! | all_reduce      | two_level (uniform layouts), ring, recursive_doubling, tree |
-//! | reduce_scatter  | two_level (one node: the shm fabric), ring        |
-//! | all_gather      | two_level (one node: the shm fabric), ring        |
-//! | broadcast       | tree, ring (pipelined chain)                      |
-//! | reduce          | tree                                              |
-//! | all_to_all      | pairwise                                          |
+//! | reduce_scatter  | two_level (uniform layouts), ring                 |
+//! | all_gather      | two_level (uniform layouts), ring                 |
+//! | broadcast       | tree, ring (pipelined chain), two_level (uniform layouts) |
+//! | reduce          | tree, two_level (uniform layouts)                 |
+//! | all_to_all      | pairwise, two_level                               |
 //! | barrier         | as all_reduce of `max(count, 1)` elements (any all-reduce algorithm) |
 //! | send_recv       | none: point-to-point is not a plan ([`PlanError::NotAPlan`]) |
 //!
@@ -28,6 +28,7 @@
 //!   blocks (block j comes from rank j).
 //! - barrier: `Work` has `max(count, 1)` elements (one `u8` is enough), content irrelevant.
 
+use crate::builder::{Ctx, LayoutIndex};
 use crate::plan::{Algo, CollKind, Layout, Plan};
 use crate::{pairwise, recursive_doubling, ring, tree, two_level};
 
@@ -45,55 +46,95 @@ pub fn build_plan(
     count: usize,
     root: usize,
 ) -> Result<Plan, PlanError> {
-    let unsupported = Err(PlanError::Unsupported { kind, algo });
-    match kind {
-        CollKind::AllReduce => all_reduce(algo, layout, rank, count),
-        CollKind::Barrier => {
-            let mut p = all_reduce(algo, layout, rank, count.max(1))?;
-            p.kind = CollKind::Barrier;
-            Ok(p)
-        }
-        CollKind::ReduceScatter => match algo {
-            Algo::Ring => ring::reduce_scatter(layout, rank, count),
-            Algo::TwoLevel => two_level::reduce_scatter(layout, rank, count),
-            _ => unsupported,
-        },
-        CollKind::AllGather => match algo {
-            Algo::Ring => ring::all_gather(layout, rank, count),
-            Algo::TwoLevel => two_level::all_gather(layout, rank, count),
-            _ => unsupported,
-        },
-        CollKind::Broadcast => match algo {
-            Algo::Tree => tree::broadcast(layout, rank, count, root),
-            Algo::Ring => ring::broadcast(layout, rank, count, root),
-            Algo::TwoLevel => two_level::broadcast(layout, rank, count, root),
-            _ => unsupported,
-        },
-        CollKind::Reduce => match algo {
-            Algo::Tree => tree::reduce(layout, rank, count, root),
-            Algo::TwoLevel => two_level::reduce(layout, rank, count, root),
-            _ => unsupported,
-        },
-        CollKind::AllToAll => match algo {
-            Algo::Pairwise => pairwise::all_to_all(layout, rank, count),
-            Algo::TwoLevel => two_level::all_to_all(layout, rank, count),
-            _ => unsupported,
-        },
-        CollKind::SendRecv => Err(PlanError::NotAPlan { kind }),
+    let f = builder_of(kind, algo)?;
+    f(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count, root)
+}
+
+/// Builds many ranks' plans of one call over one layout, validating the layout once (the same
+/// plans as [`build_plan`], which builds one plan through a `Planner` of its own).
+pub struct Planner<'a> {
+    layout: &'a Layout,
+    index: LayoutIndex,
+}
+
+impl<'a> Planner<'a> {
+    pub fn new(layout: &'a Layout) -> Result<Planner<'a>, PlanError> {
+        Ok(Planner {
+            layout,
+            index: LayoutIndex::new(layout)?,
+        })
+    }
+    /// The validated layout (size, node-major order).
+    pub fn index(&self) -> &LayoutIndex {
+        &self.index
+    }
+    /// The plan of `rank` (see [`build_plan`]).
+    pub fn plan(
+        &self,
+        kind: CollKind,
+        algo: Algo,
+        rank: usize,
+        count: usize,
+        root: usize,
+    ) -> Result<Plan, PlanError> {
+        let f = builder_of(kind, algo)?;
+        f(&self.index.ctx(rank)?, self.layout, count, root)
     }
 }
 
-fn all_reduce(algo: Algo, layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    match algo {
-        Algo::TwoLevel => two_level::all_reduce(layout, rank, count),
-        Algo::Ring => ring::all_reduce(layout, rank, count),
-        Algo::RecursiveDoubling => recursive_doubling::all_reduce(layout, rank, count),
-        Algo::Tree => tree::all_reduce(layout, rank, count),
-        Algo::Pairwise => Err(PlanError::Unsupported {
-            kind: CollKind::AllReduce,
-            algo,
-        }),
-    }
+/// One algorithm's builder for one kind: (rank's context, layout, count, root).
+type BuildFn = fn(&Ctx, &Layout, usize, usize) -> Result<Plan, PlanError>;
+
+/// The dispatch table: which algorithm file builds (kind, algo), or why none does.
+fn builder_of(kind: CollKind, algo: Algo) -> Result<BuildFn, PlanError> {
+    let unsupported = Err(PlanError::Unsupported { kind, algo });
+    Ok(match (kind, algo) {
+        (CollKind::AllReduce, Algo::TwoLevel) => |c, l, n, _| two_level::all_reduce_in(c, l, n),
+        (CollKind::AllReduce, Algo::Ring) => |c, _, n, _| ring::all_reduce_in(c, n),
+        (CollKind::AllReduce, Algo::RecursiveDoubling) => {
+            |c, _, n, _| recursive_doubling::all_reduce_in(c, n)
+        }
+        (CollKind::AllReduce, Algo::Tree) => |c, _, n, _| tree::all_reduce_in(c, n),
+        // barrier: an all-reduce of max(count, 1) elements
+        (CollKind::Barrier, Algo::TwoLevel) => {
+            |c, l, n, _| barrier(two_level::all_reduce_in(c, l, n.max(1)))
+        }
+        (CollKind::Barrier, Algo::Ring) => |c, _, n, _| barrier(ring::all_reduce_in(c, n.max(1))),
+        (CollKind::Barrier, Algo::RecursiveDoubling) => {
+            |c, _, n, _| barrier(recursive_doubling::all_reduce_in(c, n.max(1)))
+        }
+        (CollKind::Barrier, Algo::Tree) => |c, _, n, _| barrier(tree::all_reduce_in(c, n.max(1))),
+        (CollKind::Barrier, Algo::Pairwise) => {
+            return Err(PlanError::Unsupported {
+                kind: CollKind::AllReduce,
+                algo,
+            })
+        }
+        (CollKind::ReduceScatter, Algo::Ring) => |c, _, n, _| ring::reduce_scatter_in(c, n),
+        (CollKind::ReduceScatter, Algo::TwoLevel) => {
+            |c, l, n, _| two_level::reduce_scatter_in(c, l, n)
+        }
+        (CollKind::AllGather, Algo::Ring) => |c, _, n, _| ring::all_gather_in(c, n),
+        (CollKind::AllGather, Algo::TwoLevel) => |c, l, n, _| two_level::all_gather_in(c, l, n),
+        (CollKind::Broadcast, Algo::Tree) => |c, _, n, r| tree::broadcast_in(c, n, r),
+        (CollKind::Broadcast, Algo::Ring) => {
+            |c, _, n, r| ring::broadcast_chunked_in(c, n, r, ring::broadcast_chunks(n))
+        }
+        (CollKind::Broadcast, Algo::TwoLevel) => |c, l, n, r| two_level::broadcast_in(c, l, n, r),
+        (CollKind::Reduce, Algo::Tree) => |c, _, n, r| tree::reduce_in(c, n, r),
+        (CollKind::Reduce, Algo::TwoLevel) => |c, l, n, r| two_level::reduce_in(c, l, n, r),
+        (CollKind::AllToAll, Algo::Pairwise) => |c, _, n, _| pairwise::all_to_all_in(c, n),
+        (CollKind::AllToAll, Algo::TwoLevel) => |c, l, n, _| two_level::all_to_all_in(c, l, n),
+        (CollKind::SendRecv, _) => return Err(PlanError::NotAPlan { kind }),
+        _ => return unsupported,
+    })
+}
+
+fn barrier(plan: Result<Plan, PlanError>) -> Result<Plan, PlanError> {
+    plan.map(|mut p| {
+        p.kind = CollKind::Barrier;
+        p
+    })
 }
 
 /// The algorithms that implement `kind`, in the chooser's order of preference on equal price.

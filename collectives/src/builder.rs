@@ -1,5 +1,6 @@
-//! The vocabulary every algorithm builder shares: [`PlanError`], the validated context `Ctx`
-//! (communicator size, node-major rank order), layout validation and the step helpers
+//! The vocabulary every algorithm builder shares: [`PlanError`], the validated layout
+//! ([`LayoutIndex`]) and each rank's context `Ctx` over it (communicator size, node-major rank
+//! order), layout validation and the step helpers
 //! (`push_exchange`, `work`). The algorithm files import this module; the dispatcher
 //! ([`crate::build`]) imports both, so imports go one way.
 
@@ -49,36 +50,61 @@ pub fn validate_layout(layout: &Layout) -> Result<usize, PlanError> {
     Ok(n)
 }
 
-/// Validated context shared by the algorithm builders: the communicator size, the node-major
-/// rank order (the concatenation of `layout.nodes`) and each rank's position in it.
+/// A validated layout: the communicator size, the node-major rank order (the concatenation of
+/// `layout.nodes`) and each rank's position in it, computed once and shared by every rank's
+/// plan, so building all n plans of a call costs n plans, not n times the layout as well.
 #[derive(Clone, Debug)]
-pub(crate) struct Ctx {
-    pub n: usize,
-    pub rank: usize,
-    /// Ranks in node-major order.
-    pub order: Vec<usize>,
-    /// `pos[r]` = index of rank r in `order`.
-    pub pos: Vec<usize>,
+pub struct LayoutIndex {
+    n: usize,
+    order: Vec<usize>,
+    pos: Vec<usize>,
 }
 
-impl Ctx {
-    pub fn new(layout: &Layout, rank: usize) -> Result<Ctx, PlanError> {
+impl LayoutIndex {
+    pub fn new(layout: &Layout) -> Result<LayoutIndex, PlanError> {
         let n = validate_layout(layout)?;
-        if rank >= n {
-            return Err(PlanError::BadRank { rank, n });
-        }
         let order: Vec<usize> = layout.nodes.iter().flatten().copied().collect();
         let mut pos = vec![0; n];
         for (p, &r) in order.iter().enumerate() {
             pos[r] = p;
         }
+        Ok(LayoutIndex { n, order, pos })
+    }
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.n
+    }
+    /// Ranks in node-major order.
+    pub fn order(&self) -> &[usize] {
+        &self.order
+    }
+    /// The context of `rank`'s plan.
+    pub(crate) fn ctx(&self, rank: usize) -> Result<Ctx<'_>, PlanError> {
+        if rank >= self.n {
+            return Err(PlanError::BadRank { rank, n: self.n });
+        }
         Ok(Ctx {
-            n,
+            n: self.n,
             rank,
-            order,
-            pos,
+            order: &self.order,
+            pos: &self.pos,
         })
     }
+}
+
+/// Validated context shared by the algorithm builders: the communicator size, the node-major
+/// rank order (the concatenation of `layout.nodes`) and each rank's position in it.
+#[derive(Clone, Debug)]
+pub(crate) struct Ctx<'a> {
+    pub n: usize,
+    pub rank: usize,
+    /// Ranks in node-major order.
+    pub order: &'a [usize],
+    /// `pos[r]` = index of rank r in `order`.
+    pub pos: &'a [usize],
+}
+
+impl Ctx<'_> {
     pub fn check_root(&self, root: usize) -> Result<(), PlanError> {
         if root >= self.n {
             return Err(PlanError::BadRoot { root, n: self.n });

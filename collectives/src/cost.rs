@@ -147,6 +147,69 @@ impl CostModel {
         }
     }
 
+    /// Seconds rank `rank` spends on an in-node step (`NodeReduceScatter`, `NodeAllGather`) or a
+    /// `Copy`, as [`CostModel::price`] counts it; `None` for an `Exchange` (priced per link).
+    /// The fabric model ([`crate::fabric`]) prices in-node steps through this.
+    pub fn local_step_time(&self, step: &Step, rank: usize, dtype_size: usize) -> Option<f64> {
+        let m = self;
+        let ds = dtype_size as f64;
+        match step {
+            Step::Exchange { .. } => None,
+            Step::NodeReduceScatter { group, slices } => {
+                let others = group.len().saturating_sub(1) as f64;
+                let largest = slices.iter().map(|s| s.len).max().unwrap_or(0);
+                let b = others * largest as f64 * ds;
+                Some(if b > 0.0 {
+                    node_sync(m, group.len()) + b / m.local.beta + b / m.reduce_bw
+                } else {
+                    0.0
+                })
+            }
+            Step::NodeAllGather { group, slices } => {
+                let mine = group.iter().position(|&g| g == rank);
+                let b: f64 = slices
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| Some(*i) != mine)
+                    .map(|(_, s)| s.len as f64 * ds)
+                    .sum();
+                Some(if b > 0.0 {
+                    node_sync(m, group.len()) + b / m.local.beta
+                } else {
+                    0.0
+                })
+            }
+            Step::NodeBroadcast { group, region, .. } => {
+                // the root copies chunk c+1 in while the others copy chunk c out: one pass
+                let b = region.len as f64 * ds;
+                Some(if b > 0.0 && group.len() > 1 {
+                    node_sync(m, group.len()) + b / m.local.beta
+                } else {
+                    0.0
+                })
+            }
+            Step::NodeAllToAll { group, blocks } => {
+                // every block for a peer copied into the slot once, and out once by the peer
+                let mine = group.iter().position(|&g| g == rank);
+                let b: f64 = blocks
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| Some(*i) != mine)
+                    .map(|(_, s)| s.len as f64 * ds)
+                    .sum();
+                let own = mine
+                    .and_then(|i| blocks.get(i))
+                    .map_or(0.0, |s| s.len as f64);
+                Some(if b > 0.0 {
+                    node_sync(m, group.len()) + (2.0 * b + own * ds) / m.local.beta
+                } else {
+                    own * ds / m.local.beta
+                })
+            }
+            Step::Copy { src, .. } => Some(src.len as f64 * ds / m.local.beta),
+        }
+    }
+
     /// Seconds one rank spends on `plan` if it never waited for anyone (its steps in sequence).
     /// A lower bound of the call's time; [`CostModel::simulate`] adds the waiting.
     pub fn price(&self, plan: &Plan, layout: &Layout, dtype_size: usize) -> f64 {
@@ -434,58 +497,9 @@ impl RankView<'_> {
                 });
                 ts.max(tr)
             }
-            Step::NodeReduceScatter { group, slices } => {
-                let others = group.len().saturating_sub(1) as f64;
-                let largest = slices.iter().map(|s| s.len).max().unwrap_or(0);
-                let b = others * largest as f64 * self.ds;
-                if b > 0.0 {
-                    node_sync(m, group.len()) + b / m.local.beta + b / m.reduce_bw
-                } else {
-                    0.0
-                }
-            }
-            Step::NodeAllGather { group, slices } => {
-                let mine = group.iter().position(|&g| g == self.rank);
-                let b: f64 = slices
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| Some(*i) != mine)
-                    .map(|(_, s)| s.len as f64 * self.ds)
-                    .sum();
-                if b > 0.0 {
-                    node_sync(m, group.len()) + b / m.local.beta
-                } else {
-                    0.0
-                }
-            }
-            Step::NodeBroadcast { group, region, .. } => {
-                // the root copies chunk c+1 in while the others copy chunk c out: one pass
-                let b = region.len as f64 * self.ds;
-                if b > 0.0 && group.len() > 1 {
-                    node_sync(m, group.len()) + b / m.local.beta
-                } else {
-                    0.0
-                }
-            }
-            Step::NodeAllToAll { group, blocks } => {
-                // every block for a peer copied into the slot once, and out once by the peer
-                let mine = group.iter().position(|&g| g == self.rank);
-                let b: f64 = blocks
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| Some(*i) != mine)
-                    .map(|(_, s)| s.len as f64 * self.ds)
-                    .sum();
-                let own = mine
-                    .and_then(|i| blocks.get(i))
-                    .map_or(0.0, |s| s.len as f64);
-                if b > 0.0 {
-                    node_sync(m, group.len()) + (2.0 * b + own * self.ds) / m.local.beta
-                } else {
-                    own * self.ds / m.local.beta
-                }
-            }
-            Step::Copy { src, .. } => src.len as f64 * self.ds / m.local.beta,
+            _ => m
+                .local_step_time(step, self.rank, self.ds as usize)
+                .unwrap_or(0.0),
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod builder;
 pub mod check;
 pub mod cost;
 pub mod dtype;
+pub mod fabric;
 pub mod kernels;
 pub mod pairwise;
 pub mod plan;

@@ -8,12 +8,16 @@
 //! (rank r's partner in round k sends to it in the same round, so every round is a permutation
 //! and nobody waits).
 
-use crate::builder::{push_exchange, Ctx, PlanError};
+use crate::builder::{push_exchange, Ctx, LayoutIndex, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Region, Step};
 
 /// Pairwise all-to-all with `count` elements per block.
 pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    all_to_all_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn all_to_all_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     let n = ctx.n;
     let mut steps = Vec::new();
     if count > 0 {

@@ -20,12 +20,16 @@
 //! `reduce: true`). The send must carry the buffer as it was when the step started: receive into
 //! staging and combine after the send has read the region (the checker models exactly that).
 
-use crate::builder::{push_exchange, Ctx, PlanError};
+use crate::builder::{push_exchange, Ctx, LayoutIndex, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Region};
 
 /// Recursive-doubling all-reduce of `count` elements.
 pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    all_reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     let n = ctx.n;
     let p = ctx.me();
     let all = Region::work(0, count);
@@ -39,7 +43,7 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
     // Virtual index -> position.
     let position = |v: usize| if v < extra { 2 * v + 1 } else { v + extra };
     let mut steps = Vec::new();
-    if p < 2 * extra && p % 2 == 0 {
+    if p < 2 * extra && p.is_multiple_of(2) {
         push_exchange(&mut steps, Some((at(p + 1), all)), None, false, 0);
         push_exchange(&mut steps, None, Some((at(p + 1), all)), false, 0);
     } else {

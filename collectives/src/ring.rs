@@ -18,7 +18,7 @@
 //! - reduce-scatter: send chunk `p-s-1`, receive-and-reduce chunk `p-s-2`;
 //! - all-gather: send chunk `p-s`, receive (overwrite) chunk `p-s-1`.
 
-use crate::builder::{push_exchange, work, Ctx, PlanError};
+use crate::builder::{push_exchange, work, Ctx, LayoutIndex, PlanError};
 use crate::plan::{split, Algo, CollKind, Layout, Plan, Region, Step};
 
 /// Elements per broadcast pipeline chunk (the chain is cut into `ceil(count / this)` chunks, at
@@ -95,19 +95,27 @@ fn plan(kind: CollKind, rank: usize, steps: Vec<Step>) -> Plan {
 
 /// Ring all-reduce of `count` elements.
 pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    all_reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     let n = ctx.n;
-    let mut steps = Vec::new();
+    let mut steps = Vec::with_capacity(2 * n.saturating_sub(1));
     let chunk = |c: usize| work(split(count, n, c));
-    ring_reduce_scatter(&mut steps, &ctx.order, ctx.me(), &chunk, 0);
-    ring_all_gather(&mut steps, &ctx.order, ctx.me(), &chunk, 0);
+    ring_reduce_scatter(&mut steps, ctx.order, ctx.me(), &chunk, 0);
+    ring_all_gather(&mut steps, ctx.order, ctx.me(), &chunk, 0);
     Ok(plan(CollKind::AllReduce, rank, steps))
 }
 
 /// Ring reduce-scatter: `count` elements per rank, `Work` has `count * n`.
 pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
-    let mut steps = Vec::new();
+    reduce_scatter_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn reduce_scatter_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
+    let mut steps = Vec::with_capacity(ctx.n.saturating_sub(1));
     let order = &ctx.order;
     let chunk = |c: usize| Region::work(order[c] * count, count);
     ring_reduce_scatter(&mut steps, order, ctx.me(), &chunk, 0);
@@ -116,8 +124,12 @@ pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan
 
 /// Ring all-gather: `count` elements per rank, `Work` has `count * n`.
 pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
-    let mut steps = Vec::new();
+    all_gather_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn all_gather_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
+    let mut steps = Vec::with_capacity(ctx.n.saturating_sub(1));
     let order = &ctx.order;
     let chunk = |c: usize| Region::work(order[c] * count, count);
     ring_all_gather(&mut steps, order, ctx.me(), &chunk, 0);
@@ -149,7 +161,16 @@ pub fn broadcast_chunked(
     root: usize,
     chunks: usize,
 ) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    broadcast_chunked_in(&LayoutIndex::new(layout)?.ctx(rank)?, count, root, chunks)
+}
+
+pub(crate) fn broadcast_chunked_in(
+    ctx: &Ctx,
+    count: usize,
+    root: usize,
+    chunks: usize,
+) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     ctx.check_root(root)?;
     let n = ctx.n;
     let at = |q: usize| ctx.order[(ctx.pos[root] + q) % n];
@@ -191,7 +212,10 @@ pub(crate) fn chain_pipeline(
     }
     let chunk_at =
         |j: isize| -> Option<Region> { (j >= 0 && (j as usize) < s).then(|| chunk(j as usize)) };
-    for t in 0..(s + n - 2) as isize {
+    // Only t in [q-1, q+s) moves anything (the other steps would be empty and dropped).
+    let lo = (q as isize - 1).max(0);
+    let hi = ((s + n - 2) as isize).min((q + s) as isize);
+    for t in lo..hi {
         let send = if q + 1 < n {
             chunk_at(t - q as isize).map(|r| (chain(q + 1), r))
         } else {

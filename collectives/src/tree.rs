@@ -14,7 +14,7 @@
 //! Broadcast sends to the children largest subtree first (the far, cross-node hops happen once,
 //! early); reduce receives from the children smallest subtree first (those are ready first).
 
-use crate::builder::{push_exchange, Ctx, PlanError};
+use crate::builder::{push_exchange, Ctx, LayoutIndex, PlanError};
 use crate::plan::{Algo, CollKind, Layout, Plan, Region, Step};
 
 struct Tree {
@@ -79,26 +79,38 @@ pub fn broadcast(
     count: usize,
     root: usize,
 ) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    broadcast_in(&LayoutIndex::new(layout)?.ctx(rank)?, count, root)
+}
+
+pub(crate) fn broadcast_in(ctx: &Ctx, count: usize, root: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     ctx.check_root(root)?;
     let mut steps = Vec::new();
-    bcast_steps(&mut steps, &tree(&ctx, root), Region::work(0, count));
+    bcast_steps(&mut steps, &tree(ctx, root), Region::work(0, count));
     Ok(plan(CollKind::Broadcast, rank, steps))
 }
 
 /// Binomial-tree reduce of `count` elements to `root` (non-root buffers are clobbered).
 pub fn reduce(layout: &Layout, rank: usize, count: usize, root: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, count, root)
+}
+
+pub(crate) fn reduce_in(ctx: &Ctx, count: usize, root: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     ctx.check_root(root)?;
     let mut steps = Vec::new();
-    reduce_steps(&mut steps, &tree(&ctx, root), Region::work(0, count));
+    reduce_steps(&mut steps, &tree(ctx, root), Region::work(0, count));
     Ok(plan(CollKind::Reduce, rank, steps))
 }
 
 /// All-reduce as binomial reduce to the first rank in node-major order, then broadcast.
 pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
-    let t = tree(&ctx, ctx.order[0]);
+    all_reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
+    let t = tree(ctx, ctx.order[0]);
     let all = Region::work(0, count);
     let mut steps = Vec::new();
     reduce_steps(&mut steps, &t, all);

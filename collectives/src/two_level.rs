@@ -1,6 +1,4 @@
-//! Two-level collectives: the node's fabric inside a node, one ring or chain per local rank (per
-//! rail) between nodes. The all-reduce first (layouts with the same number of ranks L on each of
-//! N nodes); reduce-scatter, all-gather, broadcast, reduce and all-to-all below.
+//! Two-level all-reduce for layouts with the same number of ranks L on each of N nodes.
 //!
 //! Buffer convention: `Work` has `count` elements, in/out (all_reduce).
 //!
@@ -16,13 +14,17 @@
 //! chain, then copied, so all ranks end bit-identical. Non-uniform layouts are refused
 //! ([`PlanError::NonUniform`]); the chooser then falls back to the flat ring.
 
-use crate::builder::{push_exchange, work, Ctx, PlanError};
+use crate::builder::{push_exchange, work, Ctx, LayoutIndex, PlanError};
 use crate::plan::{split, Algo, CollKind, Layout, Plan, Region, Step};
 use crate::ring::{chain_pipeline, ring_all_gather, ring_reduce_scatter, Chain};
 
 /// Two-level all-reduce of `count` elements.
 pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    all_reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count)
+}
+
+pub(crate) fn all_reduce_in(ctx: &Ctx, layout: &Layout, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     if !layout.uniform() {
         return Err(PlanError::NonUniform {
             algo: Algo::TwoLevel,
@@ -30,12 +32,11 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
         });
     }
     let nn = layout.nodes.len();
-    let (node, local) = layout
-        .locate(rank)
-        .ok_or(PlanError::BadRank { rank, n: ctx.n })?;
+    // uniform: node k holds positions [k*l, (k+1)*l) of the node-major order
+    let l = layout.nodes[0].len();
+    let (node, local) = (ctx.me() / l, ctx.me() % l);
     let group = &layout.nodes[node];
-    let l = group.len();
-    let mut steps = Vec::new();
+    let mut steps = Vec::with_capacity(2 * nn + 2);
     if count > 0 {
         let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
         if l > 1 {
@@ -81,10 +82,19 @@ pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 ///
 /// Each element is reduced inside each node in local-rank order, then along one ring chain.
 pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    reduce_scatter_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count)
+}
+
+pub(crate) fn reduce_scatter_in(
+    ctx: &Ctx,
+    layout: &Layout,
+    count: usize,
+) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     if layout.nodes.len() == 1 {
-        return node_only(CollKind::ReduceScatter, layout, rank, count);
+        return node_only(CollKind::ReduceScatter, ctx, layout, count);
     }
-    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let (group, local, ring, node) = across_nodes(ctx, layout)?;
     let mut steps = Vec::new();
     if count > 0 {
         let block = |j: usize| Region::work(layout.nodes[j][local] * count, count);
@@ -107,10 +117,15 @@ pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan
 /// holds the blocks of local rank i of every node; then, for each node j, one in-node
 /// all-gather of node j's L blocks.
 pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    all_gather_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count)
+}
+
+pub(crate) fn all_gather_in(ctx: &Ctx, layout: &Layout, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     if layout.nodes.len() == 1 {
-        return node_only(CollKind::AllGather, layout, rank, count);
+        return node_only(CollKind::AllGather, ctx, layout, count);
     }
-    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let (group, local, ring, node) = across_nodes(ctx, layout)?;
     let mut steps = Vec::new();
     if count > 0 {
         let block = |j: usize| Region::work(layout.nodes[j][local] * count, count);
@@ -141,26 +156,33 @@ pub fn broadcast(
     count: usize,
     root: usize,
 ) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    broadcast_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count, root)
+}
+
+pub(crate) fn broadcast_in(
+    ctx: &Ctx,
+    layout: &Layout,
+    count: usize,
+    root: usize,
+) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     ctx.check_root(root)?;
-    let (rnode, rlocal) = layout
-        .locate(root)
-        .ok_or(PlanError::BadRoot { root, n: ctx.n })?;
     let mut steps = Vec::new();
     if layout.nodes.len() == 1 {
         let group = layout.nodes[0].clone();
         if count > 0 && group.len() > 1 {
             steps.push(Step::NodeBroadcast {
                 group,
-                root: rlocal,
+                root: ctx.pos[root],
                 region: Region::work(0, count),
             });
         }
         return Ok(plan(CollKind::Broadcast, rank, steps));
     }
-    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let (group, local, ring, node) = across_nodes(ctx, layout)?;
     let nn = ring.len();
     let l = group.len();
+    let (rnode, rlocal) = (ctx.pos[root] / l, ctx.pos[root] % l);
     if count > 0 {
         let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
         if node == rnode && l > 1 {
@@ -200,19 +222,26 @@ pub fn broadcast(
 ///    node, ending at the root's node (channel i).
 /// 3. In the root's node, an in-node all-gather of the L fully reduced slices.
 pub fn reduce(layout: &Layout, rank: usize, count: usize, root: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count, root)
+}
+
+pub(crate) fn reduce_in(
+    ctx: &Ctx,
+    layout: &Layout,
+    count: usize,
+    root: usize,
+) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     ctx.check_root(root)?;
-    let (rnode, _) = layout
-        .locate(root)
-        .ok_or(PlanError::BadRoot { root, n: ctx.n })?;
     if layout.nodes.len() == 1 {
-        let mut p = all_reduce(layout, rank, count)?;
+        let mut p = all_reduce_in(ctx, layout, count)?;
         p.kind = CollKind::Reduce;
         return Ok(p);
     }
-    let (group, local, ring, node) = across_nodes(layout, rank)?;
+    let (group, local, ring, node) = across_nodes(ctx, layout)?;
     let nn = ring.len();
     let l = group.len();
+    let rnode = ctx.pos[root] / l;
     let mut steps = Vec::new();
     if count > 0 {
         let slices: Vec<Region> = (0..l).map(|i| work(split(count, l, i))).collect();
@@ -249,9 +278,20 @@ pub fn reduce(layout: &Layout, rank: usize, count: usize, root: usize) -> Result
 /// copies it out; small calls take one round); the blocks to other nodes go pairwise, as in
 /// [`crate::pairwise`], skipping the rounds whose partner shares the node. Any layout.
 pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    all_to_all_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count)
+}
+
+pub(crate) fn all_to_all_in(ctx: &Ctx, layout: &Layout, count: usize) -> Result<Plan, PlanError> {
+    let rank = ctx.rank;
     let n = ctx.n;
-    let (node, _) = layout.locate(rank).ok_or(PlanError::BadRank { rank, n })?;
+    // this rank's node and its span [start, end) in node-major order
+    let me = ctx.me();
+    let (mut node, mut start) = (0, 0);
+    while start + layout.nodes[node].len() <= me {
+        start += layout.nodes[node].len();
+        node += 1;
+    }
+    let end = start + layout.nodes[node].len();
     let group = layout.nodes[node].clone();
     let mut steps = Vec::new();
     if count > 0 {
@@ -267,7 +307,7 @@ pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
                 dst: Region::work(rank * count, count),
             });
         }
-        let remote = |r: usize| layout.locate(r).map(|x| x.0) != Some(node);
+        let remote = |r: usize| !(start..end).contains(&ctx.pos[r]);
         for k in 1..n {
             let to = (rank + k) % n;
             let from = (rank + n - k) % n;
@@ -286,19 +326,18 @@ pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 /// This rank's node group, local index, ring (local rank `local` of every node, in node order)
 /// and node index, for the two-level collectives across nodes (uniform layouts only).
 fn across_nodes(
+    ctx: &Ctx,
     layout: &Layout,
-    rank: usize,
 ) -> Result<(Vec<usize>, usize, Vec<usize>, usize), PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
     if !layout.uniform() {
         return Err(PlanError::NonUniform {
             algo: Algo::TwoLevel,
             sizes: layout.nodes.iter().map(|n| n.len()).collect(),
         });
     }
-    let (node, local) = layout
-        .locate(rank)
-        .ok_or(PlanError::BadRank { rank, n: ctx.n })?;
+    // uniform: node k holds positions [k*l, (k+1)*l) of the node-major order
+    let l = layout.nodes[0].len();
+    let (node, local) = (ctx.me() / l, ctx.me() % l);
     let ring = layout.nodes.iter().map(|n| n[local]).collect();
     Ok((layout.nodes[node].clone(), local, ring, node))
 }
@@ -322,13 +361,13 @@ fn plan(kind: CollKind, rank: usize, steps: Vec<Step>) -> Plan {
 
 /// Reduce-scatter or all-gather on one node: the fabric's collective with every rank's block as
 /// its slice.
-fn node_only(
+pub(crate) fn node_only(
     kind: CollKind,
+    ctx: &Ctx,
     layout: &Layout,
-    rank: usize,
     count: usize,
 ) -> Result<Plan, PlanError> {
-    let ctx = Ctx::new(layout, rank)?;
+    let rank = ctx.rank;
     let group = layout.nodes[0].clone();
     let mut steps = Vec::new();
     if count > 0 && ctx.n > 1 {

@@ -18,6 +18,8 @@ pub enum Command {
     Run(Box<RunOpts>),
     /// `railrun topo ...`: the arguments after `topo`.
     Topo(Vec<String>),
+    /// `railrun plan ...`: the arguments after `plan`.
+    Plan(Vec<String>),
     /// Hidden: `railrun --agent`, the remote side started over SSH.
     Agent {
         verbose: u8,
@@ -77,6 +79,11 @@ pub struct RunOpts {
     pub notes: Vec<String>,
     pub dry_run: Option<DryRun>,
     pub report_bindings: bool,
+    /// `--fabric F`: order nodes by the fabric (falls back to `RAILRING_FABRIC`).
+    pub fabric: Option<PathBuf>,
+    /// `--fabric-keep-order`: with a fabric, keep the host source's order (the dry run still
+    /// shows the crossings).
+    pub fabric_keep_order: bool,
     pub env: Vec<EnvSpec>,
     pub tag_output: bool,
     pub output_dir: Option<PathBuf>,
@@ -112,6 +119,8 @@ impl Default for RunOpts {
             notes: Vec::new(),
             dry_run: None,
             report_bindings: false,
+            fabric: None,
+            fabric_keep_order: false,
             env: Vec::new(),
             tag_output: false,
             output_dir: None,
@@ -312,6 +321,9 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
     if args.first().map(String::as_str) == Some("topo") {
         return Ok(Command::Topo(args[1..].to_vec()));
     }
+    if args.first().map(String::as_str) == Some("plan") {
+        return Ok(Command::Plan(args[1..].to_vec()));
+    }
     if args.first().map(String::as_str) == Some("--agent") {
         return parse_agent(&args[1..]);
     }
@@ -495,6 +507,11 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
                 o.report_bindings = true
             }
             "x" => o.env.push(parse_x(&value(&mut i)?)?),
+            "fabric" => o.fabric = Some(PathBuf::from(value(&mut i)?)),
+            "fabric-keep-order" => {
+                flag(&inline)?;
+                o.fabric_keep_order = true
+            }
             "tag-output" => {
                 flag(&inline)?;
                 o.tag_output = true
@@ -655,6 +672,7 @@ railrun: launch a railring job (mpirun-compatible)
 Usage:
   railrun [options] PROGRAM [ARGS...]
   railrun topo [topo options]          (show the machine's topology; railrun topo --help)
+  railrun plan --fabric F [options]    (predict collectives on a fabric; railrun plan --help)
 
 Everything after PROGRAM belongs to the program. Long options take one or two
 dashes (-np 4, --np 4, -hostfile F, --hostfile=F).
@@ -682,6 +700,11 @@ Placement:
   --bind-to none|hwthread|core|numa|socket|package
                            passed to ranks as RAILRING_BIND_TO (default: the
                            --map-by object, else numa)
+  --fabric F               order nodes by fabric file F (leaf by leaf) so rings cross
+                           the fewest uplinks; --dry-run shows the crossings per ring
+                           (env RAILRING_FABRIC; docs/fabric.md)
+  --fabric-keep-order      with a fabric: keep the host order given (--dry-run still
+                           shows each ring's crossings)
 
 Environment and I/O:
   -x VAR                   forward VAR's value from railrun's environment
@@ -711,7 +734,8 @@ Lifecycle:
   -h, --help               this help
   --version                railrun's version
 
-Environment read by railrun: RAILRUN_SSH (like --ssh), RAILRUN_KILL_GRACE
+Environment read by railrun: RAILRUN_SSH (like --ssh), RAILRING_FABRIC (like --fabric),
+RAILRUN_FANOUT (agents connecting at once; default 64), RAILRUN_KILL_GRACE
 (seconds between SIGTERM and SIGKILL when a job is killed; default 3),
 RAILRUN_HEARTBEAT (seconds of silence after which a node counts as lost; default 6).
 
@@ -782,6 +806,14 @@ mod tests {
         assert_eq!(run("-map-by slot p").map_by, Some(MapBy::Slot));
         assert_eq!(run("--dry-run p").dry_run, Some(DryRun::Table));
         assert_eq!(run("p").connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        let o = run("--fabric f.json --fabric-keep-order p");
+        assert_eq!(o.fabric, Some(PathBuf::from("f.json")));
+        assert!(o.fabric_keep_order);
+        assert!(p("--fabric-keep-order=1 p").is_err());
+        assert_eq!(
+            p("plan --json").unwrap(),
+            Command::Plan(vec!["--json".into()])
+        );
     }
 
     #[test]

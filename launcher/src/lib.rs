@@ -1,6 +1,7 @@
 //! railrun: the launcher library (CLI, host sources, placement, spawn, agent, store server).
 pub mod host_source;
 pub mod placement;
+pub mod plan;
 pub mod topo_cmd;
 
 pub mod agent;

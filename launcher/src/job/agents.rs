@@ -53,7 +53,8 @@ pub(super) struct Agent {
 
 impl Job<'_> {
     /// Start one agent per remote node (over ssh, or `srun` inside a Slurm allocation), in
-    /// parallel, and wait for every agent's Hello.
+    /// parallel — at most [`fanout`] connecting at once, the next starting as soon as one says
+    /// Hello — and wait for every agent's Hello.
     /// False when the job cannot go on (the failure is recorded and reported).
     pub(super) fn connect_agents(&mut self) -> bool {
         let Some(how) = self.agent_command() else {
@@ -67,12 +68,26 @@ impl Job<'_> {
                     return false;
                 }
             };
-        for ni in 0..self.nodes.len() {
-            if !self.nodes[ni].local && !self.start_agent(ni, &how, heartbeat) {
+        let fanout = match fanout() {
+            Ok(n) => n,
+            Err(e) => {
+                self.fail(super::EXIT_CONFIG, e);
                 return false;
             }
+        };
+        let mut pending: VecDeque<usize> = (0..self.nodes.len())
+            .filter(|&ni| !self.nodes[ni].local)
+            .collect();
+        raise_fd_limit(pending.len());
+        let mut started: Vec<Instant> = Vec::with_capacity(pending.len());
+        while started.len() < fanout {
+            let Some(ni) = pending.pop_front() else { break };
+            if !self.start_agent(ni, &how, heartbeat) {
+                return false;
+            }
+            started.push(Instant::now());
         }
-        self.wait_for_hellos()
+        self.wait_for_hellos(&how, heartbeat, &mut pending, &mut started)
     }
 
     /// Start node `ni`'s agent and the threads reading its stdout and stderr. False when the
@@ -143,18 +158,29 @@ impl Job<'_> {
         true
     }
 
-    /// Wait for every agent's Hello: ssh's own ConnectTimeout covers the TCP connect; this
-    /// deadline covers everything (authentication, a hung remote shell). False when the job
-    /// cannot go on (the failure is recorded and reported).
-    fn wait_for_hellos(&mut self) -> bool {
+    /// Wait for every agent's Hello, starting the `pending` nodes' agents as earlier ones answer
+    /// (`started[i]`: when agent i was started). ssh's own ConnectTimeout covers the TCP
+    /// connect; this deadline (each agent's start + `--connect-timeout`) covers everything
+    /// (authentication, a hung remote shell). False when the job cannot go on (the failure is
+    /// recorded and reported).
+    fn wait_for_hellos(
+        &mut self,
+        how: &AgentCommand,
+        heartbeat: Duration,
+        pending: &mut VecDeque<usize>,
+        started: &mut Vec<Instant>,
+    ) -> bool {
         let ct = self.opts.connect_timeout;
-        let deadline = Instant::now() + ct + Duration::from_millis(500);
-        while self.agents.iter().any(|a| a.hello.is_none()) {
+        let grace = ct + Duration::from_millis(500);
+        while !pending.is_empty() || self.agents.iter().any(|a| a.hello.is_none()) {
             if self.check_signal_or_timeout().is_some() {
                 return false;
             }
-            if Instant::now() >= deadline {
-                self.fail_slow_agents(ct);
+            let now = Instant::now();
+            if (0..self.agents.len())
+                .any(|i| self.agents[i].hello.is_none() && now >= started[i] + grace)
+            {
+                self.fail_slow_agents(ct, started);
                 return false;
             }
             match self.rx.recv_timeout(Duration::from_millis(50)) {
@@ -164,7 +190,15 @@ impl Job<'_> {
                     pid,
                     free_port,
                     version,
-                }) => self.agent_up(agent, (hostname, pid, free_port), &version),
+                }) => {
+                    self.agent_up(agent, (hostname, pid, free_port), &version);
+                    if let Some(ni) = pending.pop_front() {
+                        if !self.start_agent(ni, how, heartbeat) {
+                            return false;
+                        }
+                        started.push(Instant::now());
+                    }
+                }
                 Ok(Ev::AgentGone { agent, why }) => {
                     self.agents[agent].gone = true;
                     let msg = self.agent_failure_text(agent, &why);
@@ -243,9 +277,11 @@ impl Job<'_> {
     }
 
     /// The connect deadline passed: fail naming the first silent host and what its ssh said.
-    fn fail_slow_agents(&mut self, ct: Duration) {
+    fn fail_slow_agents(&mut self, ct: Duration, started: &[Instant]) {
+        let now = Instant::now();
+        let grace = ct + Duration::from_millis(500);
         let slow: Vec<usize> = (0..self.agents.len())
-            .filter(|&i| self.agents[i].hello.is_none())
+            .filter(|&i| self.agents[i].hello.is_none() && now >= started[i] + grace)
             .collect();
         let i = slow[0];
         let tail = self.stderr_tail(i, Duration::from_millis(0));
@@ -542,6 +578,41 @@ fn a_secs(d: Duration) -> String {
         format!("{}", s as u64)
     } else {
         format!("{s:.1}")
+    }
+}
+
+/// Agents connecting at once (ssh handshakes and agent start-ups in flight):
+/// `RAILRUN_FANOUT`, default 64 — pdsh's and clush's default is 32 to 64; every host's sshd
+/// sees one connection, but the head runs all the handshakes. A value that is not a whole
+/// number ≥ 1 is an error, not the default.
+pub(super) fn fanout() -> Result<usize, String> {
+    match std::env::var("RAILRUN_FANOUT") {
+        Err(_) => Ok(64),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!(
+                "RAILRUN_FANOUT={v:?}: expected the number of agents to start at once, a whole \
+                 number >= 1 (default 64)"
+            )),
+        },
+    }
+}
+
+/// Each agent holds three pipes for the whole job: raise the soft open-file limit towards the
+/// hard one when `agents` need more than it allows (a default soft limit of 1024 would stop a job
+/// at about 300 nodes).
+fn raise_fd_limit(agents: usize) {
+    let need = (agents as u64).saturating_mul(4).saturating_add(256);
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < need {
+            lim.rlim_cur = need.min(lim.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
     }
 }
 

@@ -84,7 +84,7 @@ fn kill_grace() -> Duration {
 /// `railrun [options] PROGRAM ...`: returns the exit code.
 pub fn run(given: &RunOpts) -> i32 {
     let mut opts = given.clone();
-    let pl = match prepare::place(&mut opts) {
+    let (pl, fabric) = match prepare::place(&mut opts) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("railrun: {e}");
@@ -92,7 +92,7 @@ pub fn run(given: &RunOpts) -> i32 {
         }
     };
     if let Some(d) = opts.dry_run {
-        return dry_run(&opts, &pl, d);
+        return dry_run(&opts, &pl, d, fabric.as_ref());
     }
     if opts.display_map {
         let _ = std::io::stdout().write_all(pl.table().as_bytes());
@@ -139,7 +139,12 @@ pub fn run(given: &RunOpts) -> i32 {
 
 /// `--dry-run`: the placement (table or JSON; with `--report-bindings`, the table is followed
 /// by the bindings) on stdout, nothing started.
-fn dry_run(opts: &RunOpts, pl: &Placement, d: DryRun) -> i32 {
+fn dry_run(
+    opts: &RunOpts,
+    pl: &Placement,
+    d: DryRun,
+    fabric: Option<&(crate::plan::fabric_file::FabricFile, String)>,
+) -> i32 {
     let mut out = match d {
         DryRun::Table => pl.table(),
         DryRun::Json => pl.to_json(),
@@ -149,6 +154,15 @@ fn dry_run(opts: &RunOpts, pl: &Placement, d: DryRun) -> i32 {
     }
     if opts.report_bindings && d == DryRun::Table {
         out.push_str(&report_bindings(pl, opts));
+    }
+    if let (Some((ff, path)), DryRun::Table) = (fabric, d) {
+        match crate::plan::order::describe(pl, ff, path, !opts.fabric_keep_order) {
+            Ok(s) => out.push_str(&s),
+            Err(e) => {
+                eprintln!("railrun: --fabric {path}: {e}");
+                return EXIT_CONFIG;
+            }
+        }
     }
     let _ = std::io::stdout().write_all(out.as_bytes());
     let _ = std::io::stdout().flush();

@@ -60,9 +60,13 @@ impl LocalShape {
     }
 }
 
-/// Say the warnings (and, with `-v`, the notes) of the command line, resolve the hosts, place
-/// the ranks, and set what the mapping implies (see [`mapping`]).
-pub fn place(opts: &mut RunOpts) -> Result<Placement, String> {
+/// The fabric of a run (`--fabric` / `RAILRING_FABRIC`): the file and its path as given.
+pub type RunFabric = Option<(crate::plan::fabric_file::FabricFile, String)>;
+
+/// Say the warnings (and, with `-v`, the notes) of the command line, resolve the hosts, order
+/// them by the fabric (unless `--fabric-keep-order`), place the ranks, and set what the mapping
+/// implies (see [`mapping`]).
+pub fn place(opts: &mut RunOpts) -> Result<(Placement, RunFabric), String> {
     for w in &opts.warnings {
         eprintln!("railrun: {w}");
     }
@@ -92,6 +96,13 @@ pub fn place(opts: &mut RunOpts) -> Result<Placement, String> {
     for n in &src.notes {
         eprintln!("railrun: {n}");
     }
+    // --fabric / RAILRING_FABRIC: hosts in the fabric's node order (docs/fabric.md)
+    let fabric = crate::plan::order::fabric_of_run(opts.fabric.as_deref())?;
+    if let Some((ff, path)) = &fabric {
+        if !opts.fabric_keep_order {
+            crate::plan::order::fabric_order(&mut src, ff, path)?;
+        }
+    }
     let req = PlacementRequest {
         np: opts.np,
         ppn: opts.ppn,
@@ -103,7 +114,7 @@ pub fn place(opts: &mut RunOpts) -> Result<Placement, String> {
     };
     let pl = placement::place(&src, &req).map_err(|e| e.to_string())?;
     mapping(opts, &pl, &here);
-    Ok(pl)
+    Ok((pl, fabric))
 }
 
 /// What `--map-by` / `--rank-by` imply for the ranks: the binding (Open MPI binds to the

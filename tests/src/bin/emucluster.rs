@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! emucluster up   --hosts 2 --rails 2 [--rate 1gbit] --state DIR
+//! emucluster up   --fabric FILE --state DIR                (leaves and spines: docs/fabric.md)
 //! emucluster exec --state DIR HOST [-- cmd args...]    (no cmd: interactive shell)
 //! emucluster info --state DIR
 //! emucluster down --state DIR
@@ -16,6 +17,7 @@ use railring_tests::cluster::{gc_stale, Cluster, ClusterSpec, UpOptions};
 
 const USAGE: &str = "usage:
   emucluster up   --hosts N --rails R [--rate RATE] --state DIR
+  emucluster up   --fabric FILE --state DIR   (hosts under leaf/spine switches, from a fabric file)
   emucluster exec --state DIR HOST [-- CMD ARGS...]
   emucluster info --state DIR
   emucluster down --state DIR
@@ -35,6 +37,7 @@ struct Opts {
     hosts: usize,
     rails: usize,
     rate: Option<String>,
+    fabric: Option<PathBuf>,
     state: Option<PathBuf>,
     positional: Vec<String>,
     rest: Vec<String>,
@@ -45,6 +48,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         hosts: 2,
         rails: 2,
         rate: None,
+        fabric: None,
         state: None,
         positional: Vec::new(),
         rest: Vec::new(),
@@ -62,6 +66,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--hosts" => o.hosts = val(a)?.parse().map_err(|e| format!("--hosts: {e}"))?,
             "--rails" => o.rails = val(a)?.parse().map_err(|e| format!("--rails: {e}"))?,
             "--rate" => o.rate = Some(val(a)?),
+            "--fabric" => o.fabric = Some(PathBuf::from(val(a)?)),
             "--state" => o.state = Some(PathBuf::from(val(a)?)),
             "--" => {
                 o.rest = args[i + 1..].to_vec();
@@ -91,22 +96,40 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
             let dir = state()?;
             Cluster::available()?;
             let t = std::time::Instant::now();
-            let c = Cluster::up_with(
-                ClusterSpec {
-                    hosts: o.hosts,
-                    rails: o.rails,
-                    rail_rate: o.rate.clone(),
-                },
-                UpOptions {
-                    dir: Some(dir),
-                    detached: true,
-                },
-            )?;
+            let opts = UpOptions {
+                dir: Some(dir),
+                detached: true,
+            };
+            let c = match &o.fabric {
+                Some(f) => {
+                    let ff = railrun::plan::fabric_file::load(f)?;
+                    if let Some(h) = &ff.hosts {
+                        let want: Vec<String> = (1..=h.len()).map(|k| format!("n{k}")).collect();
+                        if *h != want {
+                            return Err(format!(
+                                "{}: emulated hosts are named n1..n{}; the file names {}",
+                                f.display(),
+                                h.len(),
+                                h.iter().take(4).cloned().collect::<Vec<_>>().join(",")
+                            ));
+                        }
+                    }
+                    Cluster::up_fabric(&ff.fabric, opts)?
+                }
+                None => Cluster::up_with(
+                    ClusterSpec {
+                        hosts: o.hosts,
+                        rails: o.rails,
+                        rail_rate: o.rate.clone(),
+                    },
+                    opts,
+                )?,
+            };
             let me = std::env::current_exe()
                 .map(|p| p.display().to_string())
                 .unwrap_or("emucluster".into());
             let d = c.dir().display().to_string();
-            print!("{}", c.describe());
+            print!("{}{}", c.describe(), c.describe_fabric());
             println!("up in {:.2}s. Enter a host:", t.elapsed().as_secs_f64());
             println!("  {me} exec --state {d} n1                 # interactive shell on n1");
             println!(
@@ -151,7 +174,7 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
         }
         "info" => {
             let c = Cluster::attach(&state()?)?;
-            print!("{}", c.describe());
+            print!("{}{}", c.describe(), c.describe_fabric());
             println!("ssh command: {}", c.ssh_command());
             Ok(ExitCode::SUCCESS)
         }

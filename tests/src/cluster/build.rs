@@ -25,9 +25,17 @@ impl Cluster {
         self.write_files()?;
         self.add_namespaces()?;
         self.start_holders(detached)?;
-        self.add_links()?;
-        if let Some(bps) = rate_bps {
-            self.shape_rails(bps)?;
+        match self.fabric.clone() {
+            None => {
+                self.add_links(false)?;
+                if let Some(bps) = rate_bps {
+                    self.shape_rails(bps)?;
+                }
+            }
+            Some(f) => {
+                self.add_links(true)?;
+                self.add_fabric(&f)?;
+            }
         }
         self.start_sshds(detached)?;
         self.wait_sshd()?;
@@ -239,13 +247,15 @@ impl Cluster {
     }
 
     /// Bridges and veth links: everything is created from the switch namespace, with the
-    /// peer end created directly in the host namespace; then each host's addresses.
-    fn add_links(&self) -> Result<(), String> {
+    /// peer end created directly in the host namespace; then each host's addresses. With
+    /// `mgmt_only`, the rails are left to the fabric (`fabric.rs`).
+    fn add_links(&self, mgmt_only: bool) -> Result<(), String> {
         let ip = self.tools.ip.clone();
         let sw = self.sw_ns();
+        let rails = if mgmt_only { 0 } else { self.rails };
         let mut swb =
             String::from("link set lo up\nlink add br-mgmt type bridge\nlink set br-mgmt up\n");
-        for r in 0..self.rails {
+        for r in 0..rails {
             swb.push_str(&format!(
                 "link add br-rail{r} type bridge\nlink set br-rail{r} up\n"
             ));
@@ -257,7 +267,7 @@ impl Cluster {
                 ns = h.ns
             ));
             if h.index > 0 {
-                for r in 0..self.rails {
+                for r in 0..rails {
                     swb.push_str(&format!(
                         "link add r{r}-{n} type veth peer name rail{r} netns {ns}\nlink set r{r}-{n} master br-rail{r} up\n",
                         n = h.name,
@@ -276,7 +286,7 @@ impl Cluster {
                 mgmt_addr_of(h.index)
             );
             if h.index > 0 {
-                for r in 0..self.rails {
+                for r in 0..rails {
                     hb.push_str(&format!(
                         "addr add {}/24 dev rail{r}\nlink set rail{r} up\n",
                         rail_addr_of(h.index, r)
@@ -435,6 +445,9 @@ impl Cluster {
                     s.push_str(&format!("pid.{p}={p}:{st}\n"));
                 }
             }
+        }
+        if let Some(f) = &self.fabric {
+            s.push_str(&f.state());
         }
         write_file(&self.dir.join("state"), &s, 0o644)
     }

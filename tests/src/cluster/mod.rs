@@ -32,11 +32,13 @@
 
 mod build;
 mod cmd;
+mod fabric;
 mod net;
 mod procfs;
 mod query;
 mod registry;
 
+pub use fabric::MAX_UPLINKS;
 pub use net::root_addrs;
 pub use registry::gc_stale;
 
@@ -136,6 +138,8 @@ pub struct Cluster {
     children: Mutex<Vec<Child>>,
     down_done: Mutex<bool>,
     teardown_on_drop: bool,
+    /// Leaves and spines instead of one flat switch per rail (`fabric.rs`).
+    fabric: Option<fabric::Emu>,
 }
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -180,6 +184,30 @@ impl Cluster {
 
     /// Build a cluster with extra options (see [`UpOptions`]).
     pub fn up_with(spec: ClusterSpec, opts: UpOptions) -> Result<Cluster, String> {
+        Self::up_impl(spec, opts, None)
+    }
+
+    /// Build a cluster whose hosts sit under the leaf and spine switches of `fabric` (a 2-tier
+    /// fabric of at most [`MAX_HOSTS`] nodes: host nK is the fabric's node K-1, its rails are the
+    /// node's NICs); see `fabric.rs` and docs/fabric.md.
+    pub fn up_fabric(
+        fabric: &railring_collectives::fabric::Fabric,
+        opts: UpOptions,
+    ) -> Result<Cluster, String> {
+        let emu = fabric::Emu::of(fabric)?;
+        let spec = ClusterSpec {
+            hosts: emu.nodes,
+            rails: emu.nics,
+            rail_rate: None,
+        };
+        Self::up_impl(spec, opts, Some(emu))
+    }
+
+    fn up_impl(
+        spec: ClusterSpec,
+        opts: UpOptions,
+        fab: Option<fabric::Emu>,
+    ) -> Result<Cluster, String> {
         Self::available()?;
         if spec.hosts == 0 || spec.hosts > MAX_HOSTS {
             return Err(format!("hosts must be 1..={MAX_HOSTS}, got {}", spec.hosts));
@@ -192,7 +220,7 @@ impl Cluster {
             .as_deref()
             .map(rate_bytes_per_sec)
             .transpose()?;
-        let tools = resolve_tools(rate_bps.is_some())?;
+        let tools = resolve_tools(rate_bps.is_some() || fab.is_some())?;
 
         if let Err(e) = gc_stale() {
             eprintln!("emucluster: warning: garbage-collecting stale clusters: {e}");
@@ -262,6 +290,7 @@ impl Cluster {
             children: Mutex::new(Vec::new()),
             down_done: Mutex::new(false),
             teardown_on_drop: true,
+            fabric: fab,
         };
         // From here on, `cluster` owns everything: an error drops it, which
         // tears down whatever was created so far.
@@ -329,6 +358,7 @@ impl Cluster {
             children: Mutex::new(Vec::new()),
             down_done: Mutex::new(false),
             teardown_on_drop: false,
+            fabric: fabric::Emu::from_state(&kv),
         })
     }
 
