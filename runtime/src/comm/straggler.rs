@@ -225,7 +225,9 @@ mod tests {
         assert_eq!(rows[0].wait_max_us, 10_000.0);
         let line = report_line(&rows, 1, 1);
         assert!(
-            line.contains("last to arrive: rank 2 on b in 3 of 3 calls (late by mean 10.02 ms, max 10.05 ms)"),
+            line.contains(
+                "last to arrive: rank 2 on b in 3 of 3 calls (late by mean 10.02 ms, max 10.05 ms)"
+            ),
             "{line}"
         );
         assert!(line.contains("by host: b 3 of 3"), "{line}");
