@@ -18,6 +18,8 @@ pub enum Command {
     Run(Box<RunOpts>),
     /// `railrun topo ...`: the arguments after `topo`.
     Topo(Vec<String>),
+    /// `railrun doctor ...`: the arguments after `doctor`.
+    Doctor(Vec<String>),
     /// Hidden: `railrun --agent`, the remote side started over SSH.
     Agent {
         verbose: u8,
@@ -164,6 +166,9 @@ fn parse_x(v: &str) -> Result<EnvSpec, CliError> {
 pub fn parse(args: &[String]) -> Result<Command, CliError> {
     if args.first().map(String::as_str) == Some("topo") {
         return Ok(Command::Topo(args[1..].to_vec()));
+    }
+    if args.first().map(String::as_str) == Some("doctor") {
+        return Ok(Command::Doctor(args[1..].to_vec()));
     }
     if args.first().map(String::as_str) == Some("--agent") {
         return parse_agent(&args[1..]);
@@ -388,6 +393,7 @@ railrun: launch a railring job (mpirun-compatible)
 Usage:
   railrun [options] PROGRAM [ARGS...]
   railrun topo [topo options]          (show the machine's topology; railrun topo --help)
+  railrun doctor [options]             (health sweep of the nodes and rails; railrun doctor --help)
 
 Everything after PROGRAM belongs to the program. Long options take one or two
 dashes (-np 4, --np 4, -hostfile F, --hostfile=F).

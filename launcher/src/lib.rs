@@ -5,6 +5,7 @@ pub mod topo_cmd;
 
 pub mod agent;
 pub mod cli;
+pub mod doctor;
 pub mod job;
 pub mod node_ranks;
 pub mod proto;

@@ -17,6 +17,7 @@ fn main() {
         Ok(Command::Run(opts)) => railrun::job::run(&opts),
         Ok(Command::Agent { verbose }) => railrun::agent::run(verbose),
         Ok(Command::Topo(rest)) => topo(&rest),
+        Ok(Command::Doctor(rest)) => railrun::doctor::run(&rest),
         Ok(Command::Help) => {
             print!("{}", cli::HELP);
             0
