@@ -159,8 +159,10 @@ pub trait Link: Send {
     fn retain(&mut self, _start: u64, _parts: &[&[u8]]) -> bool {
         true
     }
-    /// Acknowledge what this side has received so far (per chunk and at the end of a receive).
-    fn ack(&mut self) -> Result<(), LinkError> {
+    /// Acknowledge what this side has received so far: per chunk and at the end of a receive.
+    /// `urgent`: the sender may be waiting for it (a long transfer), so it goes out now;
+    /// otherwise it may ride on this side's next frame or go out when this side waits.
+    fn ack(&mut self, _urgent: bool) -> Result<(), LinkError> {
         Ok(())
     }
     /// After moving rails, the stream offset the current send must continue from (taken once).

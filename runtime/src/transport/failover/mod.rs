@@ -60,6 +60,8 @@ use std::time::{Duration, Instant};
 /// A finished send whose unacknowledged tail is at most this long is copied into the link and
 /// finished at once; a longer one waits for acknowledgements.
 pub const RETAIN_TAIL: usize = 64 << 10;
+/// A lazy acknowledgement goes out when the receiver waits once it covers this much.
+const ACK_IDLE: usize = RETAIN_MAX / 4;
 /// Most bytes one link keeps copied for resending.
 const RETAIN_MAX: usize = 1 << 20;
 /// Frames at most this long go out with their header in one write.
@@ -184,6 +186,8 @@ struct LinkState {
     dead: Option<(bool, String)>,
     /// Times this link moved to another connection.
     moves: u32,
+    /// When [`LinkState::heal`] last ran the health checks.
+    last_check: Option<Instant>,
 }
 
 /// A TCP link that moves to another rail when its own stops carrying packets (see the module
@@ -300,8 +304,8 @@ impl Link for RailLink {
     fn retain(&mut self, start: u64, parts: &[&[u8]]) -> bool {
         self.lock().retain(start, parts)
     }
-    fn ack(&mut self) -> Result<(), LinkError> {
-        self.lock().ack()
+    fn ack(&mut self, urgent: bool) -> Result<(), LinkError> {
+        self.lock().ack(urgent)
     }
     fn rewound(&mut self) -> Option<u64> {
         self.lock().rewound.take()

@@ -76,7 +76,9 @@ impl LinkState {
             ib_lo: 0,
             ib_hi: 0,
             suspect: None,
-            arrivals_seen: tcp::arrivals(),
+            // 0: the first look takes replacements that arrived before this side made the
+            // link (the peer may have moved before this rank ever used it)
+            arrivals_seen: 0,
             switching: None,
             incoming: Vec::new(),
             why_moving: String::new(),
@@ -86,6 +88,7 @@ impl LinkState {
             last_back_try: None,
             dead: None,
             moves: 0,
+            last_check: None,
         }
     }
 
@@ -230,10 +233,10 @@ impl LinkState {
                 continue;
             }
             if self.owe_ack {
+                // no flush yet: the acknowledgement shares the write of the frame that follows
                 self.owe_ack = false;
                 self.ack_sent = self.rcvd;
                 self.push_frame(Frame::Ack { upto: self.rcvd });
-                continue;
             }
             if self.wire < self.next {
                 // resending what the peer has not taken, from the retained copy
@@ -275,6 +278,9 @@ impl LinkState {
                     self.frame_left = len;
                 }
                 continue;
+            }
+            if self.ctl_off < self.ctl.len() {
+                continue; // an acknowledgement alone
             }
             break;
         }
@@ -451,7 +457,11 @@ impl LinkState {
             if let Some(e) = self.dead_err() {
                 return Err(e);
             }
-            if self.owe_ack || self.ctl_off < self.ctl.len() {
+            // waiting for data: send what is pending, and a lazy acknowledgement once it
+            // covers enough that the sender's copy would fill (small ones ride on our next
+            // frame or the keeper's tick — an extra packet per message costs more than it saves)
+            let owed = self.rcvd - self.ack_sent >= ACK_IDLE as u64;
+            if (self.owe_ack && owed) || self.ctl_off < self.ctl.len() {
                 if let Err(e) = self.pump_out(&[]) {
                     self.conn_error(e);
                 }
@@ -525,11 +535,14 @@ impl LinkState {
         true
     }
 
-    pub(super) fn ack(&mut self) -> Result<(), LinkError> {
+    pub(super) fn ack(&mut self, urgent: bool) -> Result<(), LinkError> {
         if self.rcvd > self.ack_sent {
             self.owe_ack = true;
         }
-        if self.switching.is_none()
+        // a lazy acknowledgement rides on this side's next frame, or goes out when this side
+        // waits for data (`try_recv` finding none) or within a keeper tick
+        if urgent
+            && self.switching.is_none()
             && self.dead.is_none()
             && (self.owe_ack || self.ctl_off < self.ctl.len())
         {
@@ -562,6 +575,19 @@ impl LinkState {
         if self.switching.is_some() {
             return Ok(());
         }
+        // owed acknowledgements and resends go out at every visit
+        if let Err(e) = self.pump_out(&[]) {
+            self.conn_error(e);
+            return Ok(());
+        }
+        // the health checks cost syscalls: at most every 20 ms per link
+        if self
+            .last_check
+            .is_some_and(|t| t.elapsed() < Duration::from_millis(20))
+        {
+            return Ok(());
+        }
+        self.last_check = Some(Instant::now());
         if let Some(why) = self.trouble() {
             if let Err(e) = self.fail_over(why, false) {
                 self.dead = Some(match e {
@@ -574,9 +600,6 @@ impl LinkState {
                 };
             }
             return Ok(());
-        }
-        if let Err(e) = self.pump_out(&[]) {
-            self.conn_error(e);
         }
         self.maybe_go_home()
     }
