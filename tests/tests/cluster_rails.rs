@@ -14,11 +14,23 @@ use std::time::{Duration, Instant};
 const RAILCHECK: &str = env!("CARGO_BIN_EXE_rr-railcheck");
 
 fn railrun_cmd(c: &Cluster, np: &str, env: &[&str], prog: &[&str]) -> std::process::Command {
+    railrun_cmd_ifname(c, np, "rail", env, prog)
+}
+
+fn railrun_cmd_ifname(
+    c: &Cluster,
+    np: &str,
+    ifname: &str,
+    env: &[&str],
+    prog: &[&str],
+) -> std::process::Command {
     let bin = railring_tests::bins::railrun()
         .to_str()
         .unwrap()
         .to_string();
-    let hf = c.hostfile(2).expect("hostfile");
+    let hf = c
+        .hostfile(np.parse::<usize>().unwrap().div_ceil(2))
+        .expect("hostfile");
     let ssh = c.ssh_command();
     let mut argv: Vec<String> = vec![
         bin,
@@ -33,7 +45,7 @@ fn railrun_cmd(c: &Cluster, np: &str, env: &[&str], prog: &[&str]) -> std::proce
         "--hostfile".into(),
         hf.to_str().unwrap().into(),
         "-x".into(),
-        "RAILRING_SOCKET_IFNAME=rail".into(),
+        format!("RAILRING_SOCKET_IFNAME={ifname}"),
     ];
     for e in env {
         argv.push("-x".into());
@@ -188,4 +200,79 @@ fn a_late_host_is_named_by_the_straggler_report() {
             "names a punctual rank: {r}"
         );
     }
+}
+
+#[test]
+fn a_dead_last_rail_is_named_well_before_the_timeout() {
+    if !Cluster::check_or_skip("a_dead_last_rail_is_named_well_before_the_timeout") {
+        return;
+    }
+    railring_tests::bins::railrun();
+    let c = Cluster::up(ClusterSpec {
+        hosts: 2,
+        rails: 2,
+        rail_rate: None,
+    })
+    .expect("cluster up");
+    // one rank per host, one rail: nothing to move to
+    let mut child = railrun_cmd_ifname(
+        &c,
+        "2",
+        "=rail0",
+        &["RAILRING_RAIL_TIMEOUT=2", "RAILRING_TIMEOUT=120"],
+        &[RAILCHECK, "loop", "60"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("railrun");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    let t_out = std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let t_err = railring_tests::proc::read_text(child.stderr.take().unwrap());
+    let start = Instant::now();
+    let mut pulled = None;
+    while start.elapsed() < Duration::from_secs(60) {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(l) if l.trim() == "round 2" => {
+                // rail0's switch dies: both interfaces stay up, only the acks stop
+                c.set_rail_switch_up(0, false).expect("switch down");
+                pulled = Some(Instant::now());
+                break;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            _ => {}
+        }
+    }
+    let pulled = pulled.expect("the job never reached round 2");
+    let status =
+        railring_tests::proc::wait_timeout(&mut child, Duration::from_secs(100)).expect("job ends");
+    let took = pulled.elapsed();
+    let _ = t_out.join();
+    let se = t_err.join().unwrap();
+    assert!(!status.success(), "{se}");
+    assert!(
+        took < Duration::from_secs(30),
+        "took {took:?} (RAILRING_TIMEOUT is 120 s):\n{se}"
+    );
+    assert!(
+        se.contains("no rail left between n1 and n2")
+            || se.contains("no rail left between n2 and n1"),
+        "{se}"
+    );
+    assert!(
+        se.contains("rail0") && se.contains("no acknowledgement from"),
+        "{se}"
+    );
+    eprintln!(
+        "{}",
+        se.lines()
+            .find(|l| l.contains("no rail left"))
+            .unwrap_or_default()
+    );
+    eprintln!("dead last rail named {took:?} after the port went down");
 }

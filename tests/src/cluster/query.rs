@@ -214,6 +214,24 @@ impl Cluster {
         .map(|_| ())
     }
 
+    /// Stop (or restart) the switch of rail `rail`: its bridge goes down and drops every frame,
+    /// while every host's `rail<rail>` stays up with a carrier — the path dies silently, only
+    /// missing acknowledgements tell.
+    pub fn set_rail_switch_up(&self, rail: usize, up: bool) -> Result<(), String> {
+        run_cmd(
+            Command::new(&self.tools.ip).args([
+                "-n",
+                &format!("rr{}-sw", self.tag),
+                "link",
+                "set",
+                &format!("br-rail{rail}"),
+                if up { "up" } else { "down" },
+            ]),
+            None,
+        )
+        .map(|_| ())
+    }
+
     /// Set the MTU of `host`'s `rail<rail>` interface (the switch side keeps its own).
     pub fn set_rail_mtu(&self, host: &str, rail: usize, mtu: u32) -> Result<(), String> {
         let ns = self.host(host).ns.clone();
