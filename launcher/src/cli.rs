@@ -20,6 +20,8 @@ pub enum Command {
     Topo(Vec<String>),
     /// `railrun plan ...`: the arguments after `plan`.
     Plan(Vec<String>),
+    /// `railrun doctor ...`: the arguments after `doctor`.
+    Doctor(Vec<String>),
     /// Hidden: `railrun --agent`, the remote side started over SSH.
     Agent {
         verbose: u8,
@@ -323,6 +325,9 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
     }
     if args.first().map(String::as_str) == Some("plan") {
         return Ok(Command::Plan(args[1..].to_vec()));
+    }
+    if args.first().map(String::as_str) == Some("doctor") {
+        return Ok(Command::Doctor(args[1..].to_vec()));
     }
     if args.first().map(String::as_str) == Some("--agent") {
         return parse_agent(&args[1..]);
@@ -673,6 +678,7 @@ Usage:
   railrun [options] PROGRAM [ARGS...]
   railrun topo [topo options]          (show the machine's topology; railrun topo --help)
   railrun plan --fabric F [options]    (predict collectives on a fabric; railrun plan --help)
+  railrun doctor [options]             (health sweep of the nodes and rails; railrun doctor --help)
 
 Everything after PROGRAM belongs to the program. Long options take one or two
 dashes (-np 4, --np 4, -hostfile F, --hostfile=F).

@@ -7,6 +7,7 @@ pub mod topo_cmd;
 pub mod agent;
 pub mod bind;
 pub mod cli;
+pub mod doctor;
 pub mod job;
 pub mod node_ranks;
 pub mod pmi;

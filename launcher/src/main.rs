@@ -18,6 +18,7 @@ fn main() {
         Ok(Command::Agent { verbose }) => railrun::agent::run(verbose),
         Ok(Command::Topo(rest)) => topo(&rest),
         Ok(Command::Plan(rest)) => railrun::plan::run(&rest),
+        Ok(Command::Doctor(rest)) => railrun::doctor::run(&rest),
         Ok(Command::Help) => {
             print!("{}", cli::HELP);
             0

@@ -23,6 +23,13 @@ pub const MAX_NET_CHUNK: u64 = 256 << 20;
 pub struct Config {
     /// `RAILRING_TIMEOUT` (seconds, default 600): a collective with no progress for this long fails.
     pub timeout: Duration,
+    /// `RAILRING_RAIL_TIMEOUT` (seconds, default 10): a TCP rail whose connection carries data
+    /// the peer's host has not acknowledged for this long is dropped and its links move to
+    /// another rail (`transport::failover`).
+    pub rail_timeout: Duration,
+    /// `RAILRING_STRAGGLER` (default 0: off): every N collective calls, rank 0 prints the ranks
+    /// that most often arrived last and how late (`comm::straggler`).
+    pub straggler: u64,
     /// `RAILRING_ALGO`: force an algorithm (`two_level`, `ring`, `recursive_doubling`, `tree`).
     pub algo: Option<Algo>,
     /// `RAILRING_SOCKET_IFNAME`: which interfaces carry TCP rails (NCCL grammar).
@@ -245,6 +252,8 @@ impl Config {
         };
         Ok(Config {
             timeout: Duration::from_secs(parse_num(vars::TIMEOUT, 600, 1, 365 * 86400)?),
+            rail_timeout: Duration::from_secs(parse_num(vars::RAIL_TIMEOUT, 10, 1, 3600)?),
+            straggler: parse_num(vars::STRAGGLER, 0, 0, 1 << 30)?,
             algo,
             socket_ifname: var(vars::SOCKET_IFNAME),
             shm_slot: parse_num(vars::SHM_SLOT, 1 << 20, 4096, 1 << 30)? as usize,

@@ -109,6 +109,12 @@ pub const OMPI_COMM_WORLD_LOCAL_SIZE: &str = "OMPI_COMM_WORLD_LOCAL_SIZE";
 pub const TIMEOUT: &str = "RAILRING_TIMEOUT";
 /// Seconds to reach the bootstrap store and data-plane peers. Set by the user; read by `config`.
 pub const CONNECT_TIMEOUT: &str = "RAILRING_CONNECT_TIMEOUT";
+/// Seconds a rail may carry data without any acknowledgement from the peer's host before its
+/// links move to another rail. Set by the user; read by `config`, used by `transport::failover`.
+pub const RAIL_TIMEOUT: &str = "RAILRING_RAIL_TIMEOUT";
+/// Every N collective calls, print which ranks arrived last and how late. Set by the user; read
+/// by `config`, used by `comm::straggler`.
+pub const STRAGGLER: &str = "RAILRING_STRAGGLER";
 /// Force an algorithm (`two_level`, `ring`, `recursive_doubling`, `tree`). Set by the user; read
 /// by `config`.
 pub const ALGO: &str = "RAILRING_ALGO";
@@ -183,6 +189,8 @@ mod tests {
             ("BOUND_CPUS", BOUND_CPUS),
             ("TIMEOUT", TIMEOUT),
             ("CONNECT_TIMEOUT", CONNECT_TIMEOUT),
+            ("RAIL_TIMEOUT", RAIL_TIMEOUT),
+            ("STRAGGLER", STRAGGLER),
             ("ALGO", ALGO),
             ("COST", COST),
             ("SOCKET_IFNAME", SOCKET_IFNAME),

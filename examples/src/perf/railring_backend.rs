@@ -311,8 +311,21 @@ impl Backend for Railring {
     }
 }
 
-/// Run railperf over railring.
+/// Run railperf over railring. With `RAILRING_STRAGGLER` set, rank 0 ends with the per-rank
+/// view of the last calls: who arrived last, how late, and how long each rank waited.
 pub fn run(o: &Options) -> Result<u64, String> {
     let comm = railring::Communicator::init().map_err(|e| e.to_string())?;
-    run_with(&Railring::new(comm), o)
+    let be = Railring::new(comm);
+    let wrong = run_with(&be, o)?;
+    if be.comm.straggler_every() > 0 {
+        let rows = be.comm.stragglers().map_err(|e| e.to_string())?;
+        if be.comm.rank() == 0 {
+            let calls = rows.first().map(|r| r.calls).unwrap_or(0);
+            print!(
+                "# Arrival per rank over the last {calls} calls (late: behind the first rank, when last; wait: for the last rank)\n{}#\n",
+                railring::comm::straggler::table(&rows)
+            );
+        }
+    }
+    Ok(wrong)
 }

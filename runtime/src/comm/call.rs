@@ -3,6 +3,7 @@
 //! the plan cache, the executor run, and failure handling — a failed call poisons the
 //! communicator and tells the peers (store abort record, node abort word, closed links).
 
+use super::straggler::{self, Recorder, StragglerRow};
 use super::PeerInfo;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -89,6 +90,8 @@ pub(crate) struct Inner {
     pub(super) store_server: Option<crate::store::ServerHandle>,
     /// The last call's (kind, count, element size, root, plan).
     last: Option<(CollKind, usize, usize, usize, Arc<Plan>)>,
+    /// How long recent collective calls took here (straggler detection).
+    strag: Recorder,
 }
 
 impl Inner {
@@ -120,6 +123,7 @@ impl Inner {
             rail: 0,
             store_server: None,
             last: None,
+            strag: Recorder::new(),
         }
     }
 
@@ -312,7 +316,70 @@ impl Inner {
     }
 
     /// [`Inner::exec`] for an out-of-place call whose work buffer starts as a copy of `src`.
+    /// Records how long the call took here; every `RAILRING_STRAGGLER` calls, the straggler
+    /// report (rank 0 prints it).
     pub(super) fn exec_from(
+        &mut self,
+        c: Shape,
+        work: &mut [u8],
+        input: &[u8],
+        src: Option<&[u8]>,
+    ) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        self.exec_call(c, work, input, src)?;
+        if !self.strag.internal && self.size > 1 {
+            self.strag.record(t0.elapsed());
+            let every = self.world.cfg.straggler;
+            if every > 0 && self.strag.calls.is_multiple_of(every) {
+                let rows = self.stragglers(every as usize)?;
+                if self.rank == 0 {
+                    let calls = rows.first().map(|r| r.calls as u64).unwrap_or(0);
+                    eprintln!(
+                        "{}",
+                        straggler::report_line(&rows, self.strag.calls + 1 - calls, self.comm)
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The per-rank view of the last `n` collective calls (collective: one all-gather of every
+    /// rank's durations; see [`straggler`]).
+    pub(super) fn stragglers(&mut self, n: usize) -> Result<Vec<StragglerRow>> {
+        let mine = self.strag.last(n);
+        let k = mine.len();
+        let mut buf = vec![0u8; 4 * k * self.size];
+        for (i, d) in mine.iter().enumerate() {
+            let at = 4 * (self.rank * k + i);
+            buf[at..at + 4].copy_from_slice(&d.to_le_bytes());
+        }
+        if self.size > 1 && k > 0 {
+            self.strag.internal = true;
+            let r = self.all_gather(&mut buf, DataType::U32);
+            self.strag.internal = false;
+            r?;
+        }
+        let durs: Vec<Vec<u32>> = (0..self.size)
+            .map(|r| {
+                (0..k)
+                    .map(|i| {
+                        let at = 4 * (r * k + i);
+                        u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]])
+                    })
+                    .collect()
+            })
+            .collect();
+        let hosts: Vec<String> = self
+            .world
+            .peers
+            .iter()
+            .map(|p| p.hostname.clone())
+            .collect();
+        Ok(straggler::analyze(&durs, &hosts))
+    }
+
+    fn exec_call(
         &mut self,
         c: Shape,
         work: &mut [u8],

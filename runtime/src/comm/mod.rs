@@ -12,6 +12,8 @@
 //!   the peers);
 //! - [`setup`]: making communicators — `init` from the launch, the world gathered through the
 //!   store, binding, the node's shared-memory segment, `split`;
+//! - [`straggler`]: how long each recent call took here, and who arrived last
+//!   (`RAILRING_STRAGGLER`, [`Communicator::stragglers`]);
 //! - `device` / `device_state` (feature `cuda`): collectives on device memory and the
 //!   per-communicator device state they keep.
 //!
@@ -27,6 +29,7 @@ pub(crate) mod device_state;
 mod order;
 mod raw;
 mod setup;
+pub mod straggler;
 
 pub use crate::transport::links::PeerInfo;
 pub use order::Pending;
@@ -96,6 +99,16 @@ impl Communicator {
             .as_ref()
             .and_then(|n| n.rails.get(g.rail).map(|r| r.ifname.clone()));
         (g.rail, name)
+    }
+    /// Who arrived last at the recent collective calls (up to [`straggler::WINDOW`]) and how
+    /// late, one row per rank (see [`straggler`]). Collective: every rank must call it; it
+    /// exchanges each rank's call durations with one all-gather.
+    pub fn stragglers(&self) -> Result<Vec<straggler::StragglerRow>> {
+        self.blocking(|g| g.stragglers(straggler::WINDOW))
+    }
+    /// `RAILRING_STRAGGLER`: the report interval in calls (0: off).
+    pub fn straggler_every(&self) -> u64 {
+        self.lock().world.cfg.straggler
     }
     /// Bytes sent so far over network links (for counters and tests).
     pub fn net_bytes_sent(&self) -> u64 {

@@ -10,6 +10,7 @@
 
 use super::{CallDesc, Executor};
 use crate::error::{Error, Result};
+use crate::transport::failover::RETAIN_TAIL;
 use crate::transport::{Backoff, Link, LinkError, MemKind, DESC};
 use railring_collectives::{kernels, DataType, ReduceOp};
 use std::time::Duration;
@@ -59,21 +60,25 @@ struct Sender<'d> {
     peer: usize,
     ptr: *const u8,
     len: usize,
-    /// Data bytes sent.
-    off: usize,
-    /// Descriptor bytes sent (`DESC` when none is due).
-    hdr: usize,
+    /// Bytes of [descriptor | data] handed to the link.
+    pos: usize,
+    /// Descriptor bytes that go first (`DESC`, or 0 when none is due).
+    h: usize,
+    /// The link's stream offset of this send's first byte (a link that moves rails rewinds
+    /// to an offset the peer states; see [`Link::rewound`]).
+    base: u64,
     desc: &'d [u8; DESC],
-    /// A small send with its descriptor goes out as one write (one packet on TCP); `c_off`
-    /// bytes of it went.
+    /// A small send with its descriptor goes out as one write (one packet on TCP).
     combined: Option<Vec<u8>>,
-    c_off: usize,
+    /// Everything written; the receiver's acknowledgement is awaited.
+    waiting: bool,
+    acked: u64,
     done: bool,
 }
 
 impl<'d> Sender<'d> {
     /// # Safety
-    /// `t.ptr` valid for reads of `t.len` bytes of kind `kind`.
+    /// `t.ptr` valid for reads of `t.len` bytes of kind `kind`; the link alive.
     unsafe fn new(
         t: Transfer<*const u8>,
         link: *mut dyn Link,
@@ -99,51 +104,97 @@ impl<'d> Sender<'d> {
             peer: t.peer,
             ptr: t.ptr,
             len: t.len,
-            off: 0,
-            hdr: if t.hdr { 0 } else { DESC },
+            pos: 0,
+            h: if t.hdr { DESC } else { 0 },
+            base: (*link).bytes_sent(),
             desc,
             combined,
-            c_off: 0,
+            waiting: false,
+            acked: 0,
             done: false,
         }
     }
 
-    /// Push what the link takes now: the descriptor, then the data (memory of kind `kind`).
-    /// True when anything moved.
+    /// Push what the link takes now: the descriptor, then the data (memory of kind `kind`);
+    /// once all is written, finish when the receiver has acknowledged it — or when the
+    /// unacknowledged tail is short enough for the link to keep a copy. True when anything
+    /// moved.
     ///
     /// # Safety
     /// The link outlives the exchange; the region as in [`Sender::new`].
     #[inline]
     unsafe fn pump(&mut self, kind: MemKind) -> std::result::Result<bool, LinkError> {
         let l = &mut *self.link;
+        let total = self.h + self.len;
         let mut progress = false;
-        loop {
-            let n = if let Some(c) = &self.combined {
-                let n = l.try_send(&c[self.c_off..])?;
-                self.c_off += n;
-                if self.c_off == c.len() {
-                    self.hdr = DESC;
-                    self.off = self.len;
+        if let Some(at) = l.rewound() {
+            // the link moved rails and the peer had not taken everything: send again from there
+            self.pos = match at.checked_sub(self.base) {
+                Some(p) if p <= total as u64 => p as usize,
+                _ => {
+                    return Err(LinkError::Io(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "{}: resend from byte {at}, outside this send ({}..{})",
+                            l.describe(),
+                            self.base,
+                            self.base + total as u64
+                        ),
+                    )))
                 }
-                n
-            } else if self.hdr < DESC {
-                let n = l.try_send(&self.desc[self.hdr..])?;
-                self.hdr += n;
-                n
+            };
+            self.waiting = false;
+            progress = true;
+        }
+        while self.pos < total {
+            let n = if let Some(c) = &self.combined {
+                l.try_send(&c[self.pos..])?
+            } else if self.pos < self.h {
+                l.try_send(&self.desc[self.pos..self.h])?
             } else {
-                let n =
-                    l.try_send_mem(self.ptr.wrapping_add(self.off), self.len - self.off, kind)?;
-                self.off += n;
-                n
+                l.try_send_mem(
+                    self.ptr.wrapping_add(self.pos - self.h),
+                    total - self.pos,
+                    kind,
+                )?
             };
             if n == 0 {
                 break;
             }
+            self.pos += n;
             progress = true;
-            if self.hdr == DESC && self.off == self.len {
-                self.done = true;
-                break;
+        }
+        if self.pos == total {
+            let end = self.base + total as u64;
+            // read acknowledgements only when a copy cannot stand in for them
+            let mut acked = l.acked();
+            if acked < end && (end - acked.max(self.base) > RETAIN_TAIL as u64 || self.waiting) {
+                acked = l.poll_acks()?;
             }
+            if acked != self.acked {
+                progress |= self.waiting;
+                self.acked = acked;
+            }
+            if acked >= end {
+                self.done = true;
+                return Ok(true);
+            }
+            let unacked = end - acked.max(self.base);
+            if unacked <= RETAIN_TAIL as u64 && kind == MemKind::Host {
+                let data: &[u8] = match &self.combined {
+                    Some(c) => c,
+                    None => std::slice::from_raw_parts(self.ptr, self.len),
+                };
+                let desc: &[u8] = match &self.combined {
+                    Some(_) => &[],
+                    None => &self.desc[..self.h],
+                };
+                if l.retain(self.base, &[desc, data]) {
+                    self.done = true;
+                    return Ok(true);
+                }
+            }
+            self.waiting = true;
         }
         Ok(progress)
     }
@@ -168,6 +219,8 @@ struct Receiver<'d> {
     stage: *mut u8,
     chunk: usize,
     fill: usize,
+    /// Data bytes in place when the link was last asked to acknowledge.
+    acked_at: usize,
     done: bool,
 }
 
@@ -193,6 +246,7 @@ impl<'d> Receiver<'d> {
             stage,
             chunk,
             fill: 0,
+            acked_at: 0,
             done: false,
         }
     }
@@ -315,6 +369,10 @@ impl<'a> Executor<'a> {
                     .try_recv_mem(r.dst.wrapping_add(r.off), r.len - r.off, kind)
                     .map_err(|e| self.link_err(peer, e))?;
                 r.off += n;
+                if r.off - r.acked_at >= r.chunk && r.off < r.len {
+                    r.acked_at = r.off;
+                    l.ack(true).map_err(|e| self.link_err(peer, e))?;
+                }
                 n
             } else {
                 let want = r.chunk.min(r.len - r.off);
@@ -333,6 +391,11 @@ impl<'a> Executor<'a> {
                     }
                     r.off += want;
                     r.fill = 0;
+                    if r.off < r.len {
+                        // what is reduced cannot be lost: the sender may forget it
+                        r.acked_at = r.off;
+                        l.ack(true).map_err(|e| self.link_err(peer, e))?;
+                    }
                 }
                 n
             };
@@ -342,6 +405,10 @@ impl<'a> Executor<'a> {
             progress = true;
             if r.hdr == DESC && r.off == r.len {
                 r.done = true;
+                r.acked_at = r.off;
+                // a sender of more than it may keep a copy of waits for this
+                let urgent = r.len + DESC > RETAIN_TAIL;
+                l.ack(urgent).map_err(|e| self.link_err(peer, e))?;
                 break;
             }
         }
@@ -354,7 +421,7 @@ impl<'a> Executor<'a> {
     /// # Safety
     /// The halves' links are alive.
     unsafe fn wait(
-        &self,
+        &mut self,
         tx: Option<&Sender<'_>>,
         rx: Option<&Receiver<'_>>,
         b: &mut Backoff,
@@ -366,6 +433,8 @@ impl<'a> Executor<'a> {
         idle(tx, rx, &fds, need, b);
         if b.check_due() || fds.len() == need {
             self.check_stall(tx, rx, b, what)?;
+            // links outside this exchange may owe a peer a resend or an answer to its move
+            self.links.service()?;
         }
         Ok(())
     }
@@ -385,14 +454,12 @@ impl<'a> Executor<'a> {
         let pending_s = tx.filter(|s| !s.done);
         let pending_r = rx.filter(|r| !r.done);
         if let Some(s) = pending_s {
-            (*s.link)
-                .check_peer()
-                .map_err(|e| self.link_err(s.peer, e))?;
+            (*s.link).heal(true).map_err(|e| self.link_err(s.peer, e))?;
         }
         if let Some(r) = pending_r {
-            (*r.link)
-                .check_peer()
-                .map_err(|e| self.link_err(r.peer, e))?;
+            if pending_s.is_none_or(|s| !std::ptr::addr_eq(s.link, r.link)) {
+                (*r.link).heal(true).map_err(|e| self.link_err(r.peer, e))?;
+            }
         }
         if b.waited() > self.timeout {
             let mut waiting = Vec::new();
@@ -468,11 +535,9 @@ unsafe fn idle(
 unsafe fn pending_fds(tx: Option<&Sender<'_>>, rx: Option<&Receiver<'_>>) -> Vec<(i32, i16)> {
     [
         tx.filter(|s| !s.done)
-            .and_then(|s| (*s.link).poll_fd_for(true))
-            .map(|fd| (fd, libc::POLLOUT)),
+            .and_then(|s| (*s.link).poll_events(true)),
         rx.filter(|r| !r.done)
-            .and_then(|r| (*r.link).poll_fd_for(false))
-            .map(|fd| (fd, libc::POLLIN)),
+            .and_then(|r| (*r.link).poll_events(false)),
     ]
     .into_iter()
     .flatten()

@@ -151,7 +151,7 @@ impl<'a> Executor<'a> {
             },
             LinkError::Io(err) => Error::Transport {
                 rank: self.rank,
-                what: format!("link to rank {peer}"),
+                what: format!("link to rank {peer} on {}", self.links.host_of(peer)),
                 err,
             },
         }

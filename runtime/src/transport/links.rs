@@ -7,6 +7,7 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::store::StoreClient;
+use crate::transport::failover::{AbortCheck, RailCtx, RailLink};
 use crate::transport::shm::{Node, ShmLink};
 use crate::transport::tcp::{RailAddr, TcpNet};
 use crate::transport::{Link, LinkId};
@@ -27,6 +28,11 @@ pub trait Links: Send {
     fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link>;
     /// Host name of a peer, for errors.
     fn host_of(&self, peer: usize) -> String;
+    /// Called now and then while the executor waits: let links that are not part of the
+    /// current exchange answer a peer's move to another rail and resend what it lacks.
+    fn service(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// What every rank publishes about itself at start-up (the communicator gathers them into its
@@ -50,6 +56,8 @@ pub struct LinkTable {
     rail: usize,
     timeout: Duration,
     connect_timeout: Duration,
+    /// `RAILRING_RAIL_TIMEOUT` (see `transport::failover`).
+    rail_timeout: Duration,
     /// TCP connections per peer and channel (`RAILRING_NET_STREAMS`).
     streams: usize,
     map: HashMap<(usize, usize), Box<dyn Link>>,
@@ -135,17 +143,9 @@ impl Links for LinkTable {
                 ),
                 err: e,
             };
+            let ctx = self.rail_ctx(net, pi, peer, chan);
             if self.me < peer {
-                Box::new(
-                    net.connect(
-                        self.id(peer, chan),
-                        self.rail,
-                        &pi.addrs,
-                        self.connect_timeout,
-                        self.streams,
-                    )
-                    .map_err(terr)?,
-                )
+                Box::new(RailLink::connect(ctx).map_err(terr)?)
             } else {
                 // Wait in slices: between them, look for an abort record so a rank whose peer
                 // died before connecting fails in about a second, not at the timeout.
@@ -184,7 +184,7 @@ impl Links for LinkTable {
                     }
                 };
                 match accepted {
-                    Some(l) => Box::new(l),
+                    Some(l) => Box::new(RailLink::accepted(ctx, l)),
                     None => {
                         return Err(Error::Timeout {
                             rank: self.me,
@@ -237,6 +237,7 @@ impl LinkTable {
             rail: 0,
             timeout: cfg.timeout,
             connect_timeout: cfg.connect_timeout,
+            rail_timeout: cfg.rail_timeout,
             streams: cfg.net_streams,
             map: HashMap::new(),
             node,
@@ -248,6 +249,44 @@ impl LinkTable {
             ib: None,
             #[cfg(all(feature = "rdma", feature = "cuda"))]
             dev_rings: None,
+        }
+    }
+
+    /// What a TCP link to `peer` on `chan` needs to move between rails.
+    fn rail_ctx(&self, net: &Arc<TcpNet>, pi: &PeerInfo, peer: usize, chan: usize) -> RailCtx {
+        let abort: Option<AbortCheck> = self.store.clone().map(|store| {
+            let key = format!("c{:x}/abort", self.comm);
+            let f: AbortCheck = Arc::new(move || {
+                let set = store
+                    .check(std::slice::from_ref(&key))
+                    .ok()
+                    .and_then(|p| p.first().copied())
+                    == Some(true);
+                set.then(|| {
+                    store
+                        .get(&key, Duration::from_secs(1))
+                        .map(|v| String::from_utf8_lossy(&v).into_owned())
+                        .unwrap_or_default()
+                })
+            });
+            f
+        });
+        RailCtx {
+            net: net.clone(),
+            id: self.id(peer, chan),
+            home: self.rail,
+            peer_addrs: pi.addrs.clone(),
+            my_host: self
+                .peers
+                .get(self.me)
+                .map(|p| p.hostname.clone())
+                .unwrap_or_default(),
+            peer_host: pi.hostname.clone(),
+            peer_key: pi.host_id.clone(),
+            streams: self.streams,
+            rail_timeout: self.rail_timeout,
+            connect_timeout: self.connect_timeout,
+            abort,
         }
     }
 

@@ -14,6 +14,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod fabric;
+pub mod failover;
 pub mod links;
 pub mod pipe;
 pub mod rails;
@@ -134,8 +135,56 @@ pub trait Link: Send {
     fn check_peer(&self) -> Result<(), LinkError> {
         Ok(())
     }
-    /// Bytes sent so far (for counters and tests).
+    /// Bytes sent so far: the stream offset of the next byte `try_send` takes (a link that
+    /// moved rails may go back; see [`Link::rewound`]).
     fn bytes_sent(&self) -> u64;
+    /// How the executor waits for this link: the descriptor and `poll(2)` events. A sender
+    /// whose bytes are all written and that waits for acknowledgements waits to read.
+    fn poll_events(&self, send: bool) -> Option<(RawFd, i16)> {
+        self.poll_fd_for(send)
+            .map(|fd| (fd, if send { libc::POLLOUT } else { libc::POLLIN }))
+    }
+    /// Stream offset up to which the peer has acknowledged taking our bytes. Links that cannot
+    /// lose bytes they accepted (shared memory, RDMA) answer "everything".
+    fn acked(&self) -> u64 {
+        u64::MAX
+    }
+    /// Read the acknowledgements that have arrived; returns [`Link::acked`].
+    fn poll_acks(&mut self) -> Result<u64, LinkError> {
+        Ok(self.acked())
+    }
+    /// Keep a copy of the bytes from stream offset `start` (the concatenation of `parts`, which
+    /// ends at [`Link::bytes_sent`]) that the peer has not acknowledged, so they can be resent
+    /// after the caller reuses its memory. False when the link cannot (too much): wait for the
+    /// acknowledgements instead.
+    fn retain(&mut self, _start: u64, _parts: &[&[u8]]) -> bool {
+        true
+    }
+    /// Acknowledge what this side has received so far: per chunk and at the end of a receive.
+    /// `urgent`: the sender may be waiting for it (a long transfer), so it goes out now;
+    /// otherwise it may ride on this side's next frame or go out when this side waits.
+    fn ack(&mut self, _urgent: bool) -> Result<(), LinkError> {
+        Ok(())
+    }
+    /// After moving rails, the stream offset the current send must continue from (taken once).
+    fn rewound(&mut self) -> Option<u64> {
+        None
+    }
+    /// Whether the link has work of its own pending (a move, a resend), so the executor's
+    /// service should visit it again.
+    fn busy(&self) -> bool {
+        false
+    }
+    /// Health check and recovery, called while the executor waits: notice a lost rail, move
+    /// to another, pick up a peer's move, resend. `needed`: the executor waits on this link
+    /// (a failure it remembered is an error now); otherwise it is only serviced.
+    fn heal(&mut self, needed: bool) -> Result<(), LinkError> {
+        if needed {
+            self.check_peer()
+        } else {
+            Ok(())
+        }
+    }
     /// Sleep until this link may progress (space to send if `send`, data to receive if `recv`)
     /// or `timeout` passes. Returns false when the link cannot sleep this way (poll its fd, or
     /// back off, instead).

@@ -105,7 +105,17 @@ fn file_arrival(pending: &Pending, h: &Hello, s: TcpStream) {
         return;
     }
     a.slots[index] = Some(s);
+    ARRIVALS.fetch_add(1, std::sync::atomic::Ordering::Release);
     cv.notify_all();
+}
+
+/// Connections filed so far by any endpoint of this process: links that fail over watch it to
+/// notice a peer's replacement connection with one load (`transport::failover`).
+static ARRIVALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many connections have arrived so far (see [`ARRIVALS`]).
+pub fn arrivals() -> u64 {
+    ARRIVALS.load(std::sync::atomic::Ordering::Acquire)
 }
 
 /// This process's TCP endpoint: listeners on every rail and the connections that arrived.
@@ -125,6 +135,9 @@ struct Dial<'a> {
     my_rail: usize,
     peer_addrs: &'a [RailAddr],
     timeout: Duration,
+    /// Keep trying a refused connect until the timeout (first connects: the peer may not be
+    /// listening yet); a failover connect takes a refusal as the peer's process being gone.
+    retry_refused: bool,
 }
 
 impl TcpNet {
@@ -201,11 +214,38 @@ impl TcpNet {
             my_rail,
             peer_addrs,
             timeout,
+            retry_refused: true,
         };
+        self.dial(&dial, streams)
+    }
+
+    /// [`Self::connect`] for a link moving to another rail (`transport::failover`): one try per
+    /// connection, a refusal is an error at once.
+    pub fn connect_once(
+        &self,
+        id: LinkId,
+        my_rail: usize,
+        peer_addrs: &[RailAddr],
+        timeout: Duration,
+        streams: usize,
+    ) -> io::Result<TcpLink> {
+        let dial = Dial {
+            comm: id.comm,
+            me: id.me,
+            chan: id.chan,
+            my_rail,
+            peer_addrs,
+            timeout,
+            retry_refused: false,
+        };
+        self.dial(&dial, streams.clamp(1, MAX_STREAMS))
+    }
+
+    fn dial(&self, dial: &Dial<'_>, streams: usize) -> io::Result<TcpLink> {
         let mut socks = Vec::with_capacity(streams);
         let mut desc = String::new();
         for index in 0..streams {
-            let (s, d) = self.connect_one(&dial, (index, streams))?;
+            let (s, d) = self.connect_one(dial, (index, streams))?;
             socks.push(s);
             desc = d;
         }
@@ -228,6 +268,7 @@ impl TcpNet {
             my_rail,
             peer_addrs,
             timeout,
+            retry_refused,
         } = dial;
         let rail = self.rails.get(my_rail % self.rails.len().max(1)).cloned();
         let target = rail
@@ -249,7 +290,8 @@ impl TcpNet {
             match sock.connect_timeout(&SockAddr::from(dest), left.max(Duration::from_millis(50))) {
                 Ok(()) => break TcpStream::from(sock),
                 Err(e)
-                    if Instant::now() < deadline
+                    if retry_refused
+                        && Instant::now() < deadline
                         && e.kind() == io::ErrorKind::ConnectionRefused =>
                 {
                     std::thread::sleep(Duration::from_millis(20))
@@ -324,6 +366,48 @@ impl TcpNet {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+impl TcpNet {
+    /// Take every complete link from rank `from` of `comm` whose channel is `chan` with a
+    /// nonzero generation in its top byte — the replacement connections of a link that moves
+    /// to another rail (`transport::failover`) — with that generation. Never waits.
+    pub fn take_generations(&self, comm: u64, from: usize, chan: usize) -> Vec<(u32, TcpLink)> {
+        let (m, _) = &*self.pending;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        let keys: Vec<(u64, u32, u32)> = g
+            .iter()
+            .filter(|(k, a)| {
+                k.0 == comm
+                    && k.1 == from as u32
+                    && k.2 & 0x00ff_ffff == chan as u32
+                    && k.2 >> 24 != 0
+                    && a.slots.iter().all(|s| s.is_some())
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        let mut out = Vec::new();
+        for k in keys {
+            if let Some(a) = g.remove(&k) {
+                let socks: Vec<TcpStream> = a.slots.into_iter().flatten().collect();
+                let desc = format!(
+                    "tcp {} <- {}",
+                    socks[0]
+                        .local_addr()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default(),
+                    socks[0]
+                        .peer_addr()
+                        .map(|a| a.to_string())
+                        .unwrap_or_default()
+                );
+                if let Ok(l) = TcpLink::new(socks, desc) {
+                    out.push((k.2 >> 24, l));
+                }
+            }
+        }
+        out
     }
 }
 
@@ -402,11 +486,10 @@ fn gone(e: &io::Error) -> bool {
     )
 }
 
-impl Link for TcpLink {
-    fn describe(&self) -> String {
-        self.desc.clone()
-    }
-    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+impl TcpLink {
+    /// Write as much of `data` as the connections take now (0 when none has room); errors as
+    /// the socket reports them (the failover layer tells a lost rail from a gone peer).
+    pub fn send_raw(&mut self, data: &[u8]) -> io::Result<usize> {
         let mut done = 0;
         while done < data.len() {
             let (k, room) = self.route(self.sent);
@@ -425,25 +508,25 @@ impl Link for TcpLink {
                 {
                     break
                 }
-                Err(e) if gone(&e) => {
-                    return Err(LinkError::PeerGone(format!("{}: {e}", self.desc)))
-                }
-                Err(e) => return Err(LinkError::Io(e)),
+                Err(e) => return Err(e),
             }
         }
         Ok(done)
     }
-    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+
+    /// Read what has arrived into `buf` (0: nothing now); the peer's orderly close is an
+    /// `UnexpectedEof` error.
+    pub fn recv_raw(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut done = 0;
         while done < buf.len() {
             let (k, room) = self.route(self.received);
             let want = (buf.len() - done).min(usize::try_from(room).unwrap_or(usize::MAX));
             match self.s[k].read(&mut buf[done..done + want]) {
                 Ok(0) => {
-                    return Err(LinkError::PeerGone(format!(
-                        "{}: connection closed by peer",
-                        self.desc
-                    )))
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed by peer",
+                    ))
                 }
                 Ok(n) => {
                     self.received += n as u64;
@@ -458,13 +541,45 @@ impl Link for TcpLink {
                 {
                     break
                 }
-                Err(e) if gone(&e) => {
-                    return Err(LinkError::PeerGone(format!("{}: {e}", self.desc)))
-                }
-                Err(e) => return Err(LinkError::Io(e)),
+                Err(e) => return Err(e),
             }
         }
         Ok(done)
+    }
+
+    /// Every connection's descriptor (for `TCP_INFO` and interface checks).
+    pub fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        self.s.iter().map(|c| c.as_raw_fd())
+    }
+
+    /// This link's local address (of its first connection).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.s[0].local_addr().ok()
+    }
+
+    /// The peer's address (of its first connection).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.s[0].peer_addr().ok()
+    }
+
+    fn link_err(&self, e: io::Error) -> LinkError {
+        if gone(&e) {
+            LinkError::PeerGone(format!("{}: {e}", self.desc))
+        } else {
+            LinkError::Io(e)
+        }
+    }
+}
+
+impl Link for TcpLink {
+    fn describe(&self) -> String {
+        self.desc.clone()
+    }
+    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+        self.send_raw(data).map_err(|e| self.link_err(e))
+    }
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        self.recv_raw(buf).map_err(|e| self.link_err(e))
     }
     fn poll_fd(&self) -> Option<RawFd> {
         Some(self.s[self.route(self.received).0].as_raw_fd())

@@ -1,8 +1,8 @@
 //! Questions about a running cluster: names, addresses, commands and code inside a host,
 //! the processes living there, hostfiles, rail byte counters, a summary.
 
-use super::cmd::write_file;
-use super::net::{mgmt_addr_of, rail_addr_of};
+use super::cmd::{run_cmd, write_file};
+use super::net::{mgmt_addr_of, rail_addr_of, rate_bytes_per_sec};
 use super::procfs::{
     in_netns_path, netns_path, ns_id, pids_in_netns, proc_cmdline, proc_is_zombie,
 };
@@ -193,6 +193,84 @@ impl Cluster {
                 .map_err(|e| format!("parse {}: {e}", p.display()))
         };
         Ok((read("tx_bytes")?, read("rx_bytes")?))
+    }
+
+    /// Take `host`'s `rail<rail>` interface down (`up == false`) or up again — what `ip link
+    /// set rail1 down` inside the host does (its switch-side end loses the carrier).
+    pub fn set_rail_up(&self, host: &str, rail: usize, up: bool) -> Result<(), String> {
+        let ns = self.host(host).ns.clone();
+        let dev = format!("rail{rail}");
+        run_cmd(
+            Command::new(&self.tools.ip).args([
+                "-n",
+                &ns,
+                "link",
+                "set",
+                &dev,
+                if up { "up" } else { "down" },
+            ]),
+            None,
+        )
+        .map(|_| ())
+    }
+
+    /// Stop (or restart) the switch of rail `rail`: its bridge goes down and drops every frame,
+    /// while every host's `rail<rail>` stays up with a carrier — the path dies silently, only
+    /// missing acknowledgements tell.
+    pub fn set_rail_switch_up(&self, rail: usize, up: bool) -> Result<(), String> {
+        run_cmd(
+            Command::new(&self.tools.ip).args([
+                "-n",
+                &format!("rr{}-sw", self.tag),
+                "link",
+                "set",
+                &format!("br-rail{rail}"),
+                if up { "up" } else { "down" },
+            ]),
+            None,
+        )
+        .map(|_| ())
+    }
+
+    /// Set the MTU of `host`'s `rail<rail>` interface (the switch side keeps its own).
+    pub fn set_rail_mtu(&self, host: &str, rail: usize, mtu: u32) -> Result<(), String> {
+        let ns = self.host(host).ns.clone();
+        let dev = format!("rail{rail}");
+        run_cmd(
+            Command::new(&self.tools.ip).args([
+                "-n",
+                &ns,
+                "link",
+                "set",
+                &dev,
+                "mtu",
+                &mtu.to_string(),
+            ]),
+            None,
+        )
+        .map(|_| ())
+    }
+
+    /// Shape both directions of `host`'s rail link (host side `rail<rail>`, switch side
+    /// `r<rail>-<host>`) to `rate` (tc syntax) with `tbf`, replacing any shaping there.
+    pub fn shape_rail(&self, host: &str, rail: usize, rate: &str) -> Result<(), String> {
+        let bps = rate_bytes_per_sec(rate)?;
+        let tc = self.tools.tc.clone().ok_or("tc not found")?;
+        let burst = ((bps * 0.010) as u64).max(128 * 1024).to_string();
+        let ends = [
+            (self.host(host).ns.clone(), format!("rail{rail}")),
+            (format!("rr{}-sw", self.tag), format!("r{rail}-{host}")),
+        ];
+        for (ns, dev) in ends {
+            run_cmd(
+                Command::new(&tc).args([
+                    "-n", &ns, "qdisc", "replace", "dev", &dev, "root", "tbf", "rate", rate,
+                    "burst", &burst, "latency", "50ms",
+                ]),
+                None,
+            )?;
+        }
+        Ok(())
     }
 
     /// Human-readable summary (used by `emucluster up`).

@@ -1,0 +1,253 @@
+//! Who arrives last at collectives, and how late (`RAILRING_STRAGGLER`, [`Communicator::stragglers`]).
+//!
+//! Every rank keeps how long each of its recent collective calls took, on its own monotonic
+//! clock, from entering the call to leaving it. A collective ends at about the same moment on
+//! every rank (no rank's result is complete before the last rank's data is in), so the rank that
+//! arrived last spent the least time in the call, and a rank's arrival relative to the others is
+//! the difference of durations: `late(r) = max(d) - d(r)` behind the first arrival, and the last
+//! arriver is `argmin d`. No clocks are compared, so clock offsets between hosts do not matter.
+//! (Rooted calls — broadcast, reduce — end less evenly; their figures are approximate.)
+//!
+//! Every `RAILRING_STRAGGLER` = N calls the ranks exchange their last N durations (one small
+//! all-gather) and rank 0 prints one line naming the ranks that most often arrived last, with
+//! their mean and maximum delay, and the hosts they are on.
+//!
+//! [`Communicator::stragglers`]: super::Communicator::stragglers
+
+use std::time::Duration;
+
+/// Calls remembered per rank (the per-rank view covers at most this many recent calls).
+pub const WINDOW: usize = 4096;
+
+/// This rank's durations of its recent collective calls.
+pub(super) struct Recorder {
+    /// Microseconds, ring buffer of the last [`WINDOW`] calls.
+    durs: Vec<u32>,
+    /// Calls recorded so far.
+    pub calls: u64,
+    /// Calls made by the report itself are not recorded.
+    pub internal: bool,
+}
+
+impl Recorder {
+    pub fn new() -> Recorder {
+        Recorder {
+            durs: Vec::new(),
+            calls: 0,
+            internal: false,
+        }
+    }
+
+    pub fn record(&mut self, d: Duration) {
+        let us = d.as_micros().min(u32::MAX as u128) as u32;
+        if self.durs.len() < WINDOW {
+            self.durs.push(us);
+        } else {
+            self.durs[(self.calls % WINDOW as u64) as usize] = us;
+        }
+        self.calls += 1;
+    }
+
+    /// The last `n` durations (at most [`WINDOW`] and at most the calls made), oldest first.
+    pub fn last(&self, n: usize) -> Vec<u32> {
+        let have = self.durs.len();
+        let n = n.min(have);
+        let end = (self.calls % WINDOW as u64) as usize;
+        (0..n)
+            .map(|k| {
+                let i = if have < WINDOW {
+                    have - n + k
+                } else {
+                    (end + WINDOW - n + k) % WINDOW
+                };
+                self.durs[i]
+            })
+            .collect()
+    }
+}
+
+/// One rank's row of the per-rank view.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StragglerRow {
+    pub rank: usize,
+    pub host: String,
+    /// Calls in the window.
+    pub calls: usize,
+    /// Calls this rank arrived last at.
+    pub last: usize,
+    /// How late it was behind the first arrival when it was last (µs).
+    pub late_mean_us: f64,
+    pub late_max_us: f64,
+    /// How long it waited in a call for the last arrival (µs), over all calls.
+    pub wait_mean_us: f64,
+    pub wait_max_us: f64,
+}
+
+/// The per-rank view of `durs[rank][call]` (µs; every rank the same number of calls).
+pub fn analyze(durs: &[Vec<u32>], hosts: &[String]) -> Vec<StragglerRow> {
+    let n = durs.len();
+    let calls = durs.iter().map(|d| d.len()).min().unwrap_or(0);
+    let mut rows: Vec<StragglerRow> = (0..n)
+        .map(|r| StragglerRow {
+            rank: r,
+            host: hosts.get(r).cloned().unwrap_or_default(),
+            calls,
+            last: 0,
+            late_mean_us: 0.0,
+            late_max_us: 0.0,
+            wait_mean_us: 0.0,
+            wait_max_us: 0.0,
+        })
+        .collect();
+    if n == 0 {
+        return rows;
+    }
+    for c in 0..calls {
+        let (mut lo, mut hi, mut last) = (u32::MAX, 0u32, 0usize);
+        for (r, d) in durs.iter().enumerate() {
+            if d[c] < lo {
+                lo = d[c];
+                last = r;
+            }
+            hi = hi.max(d[c]);
+        }
+        let late = (hi - lo) as f64;
+        let row = &mut rows[last];
+        row.last += 1;
+        row.late_mean_us += late;
+        row.late_max_us = row.late_max_us.max(late);
+        for (r, d) in durs.iter().enumerate() {
+            let w = (d[c] - lo) as f64;
+            rows[r].wait_mean_us += w;
+            rows[r].wait_max_us = rows[r].wait_max_us.max(w);
+        }
+    }
+    for r in &mut rows {
+        if r.last > 0 {
+            r.late_mean_us /= r.last as f64;
+        }
+        if calls > 0 {
+            r.wait_mean_us /= calls as f64;
+        }
+    }
+    rows
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.2} ms", us / 1e3)
+}
+
+/// The one-line report: the ranks that most often arrived last (up to three), then the hosts.
+pub fn report_line(rows: &[StragglerRow], first_call: u64, comm: u64) -> String {
+    let calls = rows.first().map(|r| r.calls).unwrap_or(0);
+    let mut by: Vec<&StragglerRow> = rows.iter().filter(|r| r.last > 0).collect();
+    by.sort_by(|a, b| {
+        b.last
+            .cmp(&a.last)
+            .then(b.late_mean_us.total_cmp(&a.late_mean_us))
+    });
+    let ranks: Vec<String> = by
+        .iter()
+        .take(3)
+        .map(|r| {
+            format!(
+                "rank {} on {} in {} of {calls} calls (late by mean {}, max {})",
+                r.rank,
+                r.host,
+                r.last,
+                ms(r.late_mean_us),
+                ms(r.late_max_us)
+            )
+        })
+        .collect();
+    let mut hosts: Vec<(String, usize)> = Vec::new();
+    for r in rows {
+        match hosts.iter_mut().find(|h| h.0 == r.host) {
+            Some(h) => h.1 += r.last,
+            None => hosts.push((r.host.clone(), r.last)),
+        }
+    }
+    hosts.sort_by_key(|h| std::cmp::Reverse(h.1));
+    let hosts: Vec<String> = hosts
+        .iter()
+        .filter(|h| h.1 > 0)
+        .take(3)
+        .map(|(h, k)| format!("{h} {k} of {calls}"))
+        .collect();
+    format!(
+        "railring: straggler report (communicator {comm:x}, calls {}-{}): last to arrive: {}; by host: {}",
+        first_call,
+        first_call + calls as u64 - 1,
+        ranks.join(", "),
+        hosts.join(", ")
+    )
+}
+
+/// The per-rank table (railperf prints it).
+pub fn table(rows: &[StragglerRow]) -> String {
+    let mut s = String::from(
+        "#  rank  host              calls   last  late mean   late max  wait mean   wait max\n",
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "#  {:>4}  {:<16} {:>6} {:>6} {:>10} {:>10} {:>10} {:>10}\n",
+            r.rank,
+            r.host,
+            r.calls,
+            r.last,
+            ms(r.late_mean_us),
+            ms(r.late_max_us),
+            ms(r.wait_mean_us),
+            ms(r.wait_max_us)
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rank_with_the_shortest_calls_arrived_last() {
+        // rank 2 arrives 10 ms late at every call: it spends ~10 ms less in each
+        let durs = vec![
+            vec![10_500, 10_300, 10_400],
+            vec![10_450, 10_350, 10_420],
+            vec![500, 300, 400],
+            vec![10_400, 10_310, 10_380],
+        ];
+        let hosts: Vec<String> = ["a", "a", "b", "b"].iter().map(|s| s.to_string()).collect();
+        let rows = analyze(&durs, &hosts);
+        assert_eq!(rows[2].last, 3);
+        assert_eq!(rows[2].late_max_us, 10_050.0);
+        assert_eq!(rows[2].wait_max_us, 0.0);
+        assert_eq!(rows[0].wait_max_us, 10_000.0);
+        let line = report_line(&rows, 1, 1);
+        assert!(
+            line.contains(
+                "last to arrive: rank 2 on b in 3 of 3 calls (late by mean 10.02 ms, max 10.05 ms)"
+            ),
+            "{line}"
+        );
+        assert!(line.contains("by host: b 3 of 3"), "{line}");
+        assert!(table(&rows).lines().count() == 5);
+    }
+
+    #[test]
+    fn the_ring_buffer_keeps_the_last_calls_in_order() {
+        let mut r = Recorder::new();
+        for i in 0..(WINDOW as u64 + 10) {
+            r.record(Duration::from_micros(i));
+        }
+        let l = r.last(3);
+        assert_eq!(
+            l,
+            vec![WINDOW as u32 + 7, WINDOW as u32 + 8, WINDOW as u32 + 9]
+        );
+        let mut r = Recorder::new();
+        r.record(Duration::from_micros(5));
+        assert_eq!(r.last(10), vec![5]);
+        assert!(analyze(&[], &[]).is_empty());
+    }
+}

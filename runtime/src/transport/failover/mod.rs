@@ -1,0 +1,319 @@
+//! TCP links that survive a lost rail ([`RailLink`]): the executor's byte stream to one peer is
+//! cut into frames that carry their stream offset, the receiver acknowledges what it has taken,
+//! the sender keeps what is not acknowledged yet (in the caller's live buffer or, for a finished
+//! send's short tail, a copy), and when the rail stops carrying packets the link moves to another
+//! rail and resends from the offset the peer states — nothing lost, nothing taken twice.
+//!
+//! **Wire.** Every 16-byte frame header is `magic "RR" | kind | 0 | u32 | u64`:
+//! `DATA len seq` (then `len` payload bytes, `seq` = stream offset of the first),
+//! `ACK 0 upto` (the peer has taken every byte before `upto`), `RESUME gen consumed` (first frame
+//! on a replacement connection: "I took every byte of yours before `consumed`"). Data frames are
+//! at most [`FRAME_MAX`]; a small frame goes out with its header in one write. Acknowledgements
+//! are sent per received chunk and at the end of every receive (the executor calls
+//! [`Link::ack`]); they travel between the other direction's frames.
+//!
+//! **Failure.** A connection is given up when the interface of its rail is down on this host, when
+//! it reports an unreachable network or host, when data has been outstanding with no
+//! acknowledgement from the peer's *kernel* for `RAILRING_RAIL_TIMEOUT` (read from `TCP_INFO`,
+//! so a peer process that is merely slow — its kernel still acknowledges and advertises a zero
+//! window — never counts), or when it is reset while the peer's process is still listening. A
+//! peer's orderly close, or a refused connection on every rail, means its process is gone: the
+//! call fails naming it, as before.
+//!
+//! **Moving.** The side that notices connects on the next healthy rail (hello channel =
+//! `chan | gen << 24`), sends `RESUME` and freezes the link. The peer picks the connection up on
+//! its next touch of the link (any operation, or the executor's periodic service while it
+//! waits), answers with its own `RESUME`, and both continue on the new connection from the stated
+//! offsets: the retained copy first, then the live send rewinds ([`Link::rewound`]). When both
+//! sides move at once, the lower rank's connection wins. One WARN per rail and peer host names
+//! the host, the rail interface, the peer and the reason; the rail is marked dead for that peer
+//! host so new links start elsewhere. Only when no rail is left does the call fail, naming both
+//! hosts and every rail's reason.
+//!
+//! **Back.** A link off its home rail tries to return (the lower rank starts it) once the home
+//! interface is up and the rail has been dead for [`retry_after`]: a background connect, then the
+//! same `RESUME` exchange while the link waits on the peer — so calls use a rail again soon after
+//! it comes back.
+
+//!
+//! Files: this one (the pieces a link is made of, the handle [`RailLink`] and the rail keeper),
+//! `wire.rs` (frames), `health.rs` (dead rails, interface state, `TCP_INFO`), `state.rs`
+//! (connecting, the outgoing and incoming streams, the link operations), `moves.rs` (failures
+//! and moves between rails).
+
+mod health;
+mod moves;
+mod state;
+mod wire;
+
+pub use health::retry_after;
+pub use wire::FRAME_MAX;
+use wire::HDR;
+
+use super::tcp::{self, TcpLink, TcpNet};
+use super::{Link, LinkError, LinkId};
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// A finished send whose unacknowledged tail is at most this long is copied into the link and
+/// finished at once; a longer one waits for acknowledgements.
+pub const RETAIN_TAIL: usize = 64 << 10;
+/// A lazy acknowledgement goes out when the receiver waits once it covers this much.
+const ACK_IDLE: usize = RETAIN_MAX / 4;
+/// Most bytes one link keeps copied for resending.
+const RETAIN_MAX: usize = 1 << 20;
+/// Frames at most this long go out with their header in one write.
+const SMALL: usize = 16 << 10;
+const IBUF: usize = 4096;
+
+/// A check the link runs while it waits on a peer that may be failing: `Some(first failure)`
+/// once the job's abort record exists.
+pub type AbortCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// What a [`RailLink`] needs to know to reconnect.
+pub struct RailCtx {
+    pub net: Arc<TcpNet>,
+    pub id: LinkId,
+    /// This rank's own rail (index into `net.rails`).
+    pub home: usize,
+    pub peer_addrs: Vec<tcp::RailAddr>,
+    pub my_host: String,
+    pub peer_host: String,
+    /// The peer's host identity (the health table's key).
+    pub peer_key: String,
+    pub streams: usize,
+    pub rail_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub abort: Option<AbortCheck>,
+}
+
+impl RailCtx {
+    fn ifname(&self, rail: usize) -> String {
+        self.net
+            .rails
+            .get(rail)
+            .map(|r| r.ifname.clone())
+            .unwrap_or_default()
+    }
+    fn who(&self) -> String {
+        format!(
+            "rank {} on {} -> rank {} on {} (channel {})",
+            self.id.me, self.my_host, self.id.peer, self.peer_host, self.id.chan
+        )
+    }
+    /// Whether the peer published an address on the subnet of our rail `rail`.
+    fn peer_on(&self, rail: usize) -> bool {
+        match self.net.rails.get(rail) {
+            Some(r) => self.peer_addrs.iter().any(|a| r.same_subnet(a.rail.ip)),
+            None => false,
+        }
+    }
+    /// Connect to the peer from `rail` for generation `gen` (one try per connection).
+    fn dial(&self, rail: usize, gen: u32, timeout: Duration) -> io::Result<TcpLink> {
+        let id = LinkId {
+            chan: self.id.chan | ((gen as usize) << 24),
+            ..self.id
+        };
+        self.net
+            .connect_once(id, rail, &self.peer_addrs, timeout, self.streams)
+    }
+}
+
+/// A replacement connection waiting for the other side's `RESUME`.
+struct Pending {
+    link: TcpLink,
+    gen: u32,
+    rail: usize,
+    hdr: [u8; HDR],
+    fill: usize,
+}
+
+/// Where the current data frame's payload comes from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Src {
+    Caller,
+    Retained,
+}
+
+/// A background connect toward the home rail.
+type BackProbe = Arc<Mutex<Option<io::Result<TcpLink>>>>;
+
+/// The state of one [`RailLink`] (shared with the rail keeper thread).
+struct LinkState {
+    ctx: RailCtx,
+    conn: TcpLink,
+    rail: usize,
+    gen: u32,
+    max_gen: u32,
+    // ---- outgoing
+    /// Stream offset of the next byte the caller hands over.
+    next: u64,
+    /// Stream offset of the next byte written to `conn` (below `next` while resending).
+    wire: u64,
+    acked: u64,
+    ret: Vec<u8>,
+    ret_head: usize,
+    /// Stream offset of `ret[ret_head]`.
+    ret_start: u64,
+    /// Bytes to write before anything else (headers, acknowledgements, small payloads).
+    ctl: Vec<u8>,
+    ctl_off: usize,
+    frame_left: usize,
+    frame_src: Src,
+    ack_sent: u64,
+    owe_ack: bool,
+    rewound: Option<u64>,
+    // ---- incoming
+    rcvd: u64,
+    in_left: usize,
+    ibuf: Box<[u8; IBUF]>,
+    ib_lo: usize,
+    ib_hi: usize,
+    // ---- health
+    suspect: Option<Instant>,
+    arrivals_seen: u64,
+    switching: Option<Pending>,
+    incoming: Vec<Pending>,
+    why_moving: String,
+    last_abort_check: Instant,
+    off_home_since: Option<Instant>,
+    back: Option<(u32, BackProbe)>,
+    last_back_try: Option<Instant>,
+    /// Set when the connection failed and could not be replaced (the peer's process is gone,
+    /// or no rail is left): (the peer is gone, why). Reported when the link is needed.
+    dead: Option<(bool, String)>,
+    /// Times this link moved to another connection.
+    moves: u32,
+    /// When [`LinkState::heal`] last ran the health checks.
+    last_check: Option<Instant>,
+}
+
+/// A TCP link that moves to another rail when its own stops carrying packets (see the module
+/// docs). A handle: the state sits behind a lock shared with this process's rail keeper, a
+/// thread that — every [`KEEPER_TICK`] — services links with unacknowledged bytes or a move in
+/// progress while their owner is busy elsewhere (an in-node step, its own computation): a peer
+/// waiting for a resend, or for an answer to its move, never waits for this rank's next call.
+pub struct RailLink {
+    st: Arc<Mutex<LinkState>>,
+}
+
+/// How often the rail keeper looks at links.
+pub const KEEPER_TICK: Duration = Duration::from_millis(25);
+
+type Shared = Arc<Mutex<LinkState>>;
+
+fn keeper_register(st: &Shared) {
+    static LINKS: OnceLock<Mutex<Vec<std::sync::Weak<Mutex<LinkState>>>>> = OnceLock::new();
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    let links = LINKS.get_or_init(Default::default);
+    links
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::downgrade(st));
+    STARTED.call_once(|| {
+        let _ = std::thread::Builder::new()
+            .name("rr-rail-keeper".into())
+            .spawn(move || loop {
+                std::thread::sleep(KEEPER_TICK);
+                let live: Vec<Shared> = {
+                    let mut g = links.lock().unwrap_or_else(|e| e.into_inner());
+                    g.retain(|w| w.strong_count() > 0);
+                    g.iter().filter_map(|w| w.upgrade()).collect()
+                };
+                for l in live {
+                    // a link its owner is using right now is looked after by the owner
+                    if let Ok(mut g) = l.try_lock() {
+                        if g.busy() {
+                            let _ = g.heal(false);
+                        }
+                    }
+                }
+            });
+    });
+}
+
+impl RailLink {
+    fn wrap(s: LinkState) -> RailLink {
+        let st = Arc::new(Mutex::new(s));
+        keeper_register(&st);
+        RailLink { st }
+    }
+
+    /// Make the first connection of a link as the connecting side: from the home rail unless it
+    /// is down or known dead toward this peer host, else from the next rail that answers.
+    pub fn connect(ctx: RailCtx) -> io::Result<RailLink> {
+        LinkState::connect(ctx).map(Self::wrap)
+    }
+
+    /// Wrap an accepted first connection.
+    pub fn accepted(ctx: RailCtx, conn: TcpLink) -> RailLink {
+        Self::wrap(LinkState::accepted(ctx, conn))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LinkState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The rail this link's connection uses now.
+    pub fn rail(&self) -> usize {
+        self.lock().rail
+    }
+
+    /// How many times the link moved to another connection.
+    pub fn moves(&self) -> u32 {
+        self.lock().moves
+    }
+
+    /// Give up the current connection now, as if its rail had failed (tests drive moves with
+    /// it; data in flight is resent as after a real failure).
+    pub fn fail_now(&self, why: &str) -> Result<(), LinkError> {
+        self.lock().fail_now(why)
+    }
+}
+
+impl Link for RailLink {
+    fn describe(&self) -> String {
+        self.lock().describe()
+    }
+    fn try_send(&mut self, data: &[u8]) -> Result<usize, LinkError> {
+        self.lock().try_send(data)
+    }
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize, LinkError> {
+        self.lock().try_recv(buf)
+    }
+    fn poll_fd(&self) -> Option<RawFd> {
+        self.lock().poll_fd_for(false)
+    }
+    fn poll_fd_for(&self, send: bool) -> Option<RawFd> {
+        self.lock().poll_fd_for(send)
+    }
+    fn poll_events(&self, send: bool) -> Option<(RawFd, i16)> {
+        self.lock().poll_events(send)
+    }
+    fn bytes_sent(&self) -> u64 {
+        self.lock().next
+    }
+    fn acked(&self) -> u64 {
+        self.lock().acked
+    }
+    fn poll_acks(&mut self) -> Result<u64, LinkError> {
+        self.lock().poll_acks()
+    }
+    fn retain(&mut self, start: u64, parts: &[&[u8]]) -> bool {
+        self.lock().retain(start, parts)
+    }
+    fn ack(&mut self, urgent: bool) -> Result<(), LinkError> {
+        self.lock().ack(urgent)
+    }
+    fn rewound(&mut self) -> Option<u64> {
+        self.lock().rewound.take()
+    }
+    fn busy(&self) -> bool {
+        self.lock().busy()
+    }
+    fn heal(&mut self, needed: bool) -> Result<(), LinkError> {
+        self.lock().heal(needed)
+    }
+}
