@@ -43,6 +43,10 @@ pub struct Config {
     /// `RAILRING_NET_STREAMS` (default 1, at most 16): TCP connections per peer and rail; data
     /// is striped over them in 64 KiB stripes (more in-flight windows on a fast NIC).
     pub net_streams: usize,
+    /// `RAILRING_RAILS_PER_RANK` (default 0: automatic; at most 16): how many TCP rails each
+    /// rank's links to other nodes are striped over. Automatic: `rails / local ranks` when a
+    /// node has fewer ranks than rails (rank i drives rails i, i+L, ...), else 1.
+    pub rails_per_rank: usize,
     /// The cost model the algorithm choice uses: defaults, with in-node latency raised when
     /// local ranks outnumber CPUs (every in-node step then costs context switches), then
     /// `RAILRING_COST` overrides (`net_beta=1.25e8,net_alpha=5e-5,...`).
@@ -259,6 +263,7 @@ impl Config {
             shm_slot: parse_num(vars::SHM_SLOT, 1 << 20, 4096, 1 << 30)? as usize,
             net_chunk: parse_num(vars::NET_CHUNK, 512 << 10, 4096, MAX_NET_CHUNK)? as usize,
             net_streams: parse_num(vars::NET_STREAMS, 1, 1, MAX_STREAMS as u64)? as usize,
+            rails_per_rank: parse_num(vars::RAILS_PER_RANK, 0, 0, MAX_STREAMS as u64)? as usize,
             connect_timeout: Duration::from_secs(parse_num(vars::CONNECT_TIMEOUT, 30, 1, 3600)?),
             pipeline_seg: parse_num(vars::PIPELINE_SEG, 4 << 20, 0, 1 << 40)? as usize,
             cost: cost_model()?,

@@ -129,6 +129,10 @@ pub const SHM_SLOT: &str = "RAILRING_SHM_SLOT";
 pub const NET_CHUNK: &str = "RAILRING_NET_CHUNK";
 /// TCP connections per peer and rail (1-16). Set by the user; read by `config`.
 pub const NET_STREAMS: &str = "RAILRING_NET_STREAMS";
+/// How many TCP rails each rank's links to other nodes drive (`0`: automatic, every rail shared
+/// out when a node has fewer ranks than rails; `1`: one rail per rank). Set by the user; read by
+/// `config`, used by `comm::setup`.
+pub const RAILS_PER_RANK: &str = "RAILRING_RAILS_PER_RANK";
 /// Segment size of the pipelined two-level all-reduce across nodes (`0` disables). Set by the
 /// user; read by `config`.
 pub const PIPELINE_SEG: &str = "RAILRING_PIPELINE_SEG";
@@ -197,6 +201,7 @@ mod tests {
             ("SHM_SLOT", SHM_SLOT),
             ("NET_CHUNK", NET_CHUNK),
             ("NET_STREAMS", NET_STREAMS),
+            ("RAILS_PER_RANK", RAILS_PER_RANK),
             ("PIPELINE_SEG", PIPELINE_SEG),
             ("NET_GDR_LEVEL", NET_GDR_LEVEL),
             ("DEBUG", DEBUG),

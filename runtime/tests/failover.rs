@@ -61,6 +61,7 @@ fn ctx(net: &Arc<TcpNet>, peer_net: &Arc<TcpNet>, me: usize, peer: usize, run: u
             chan: 0,
         },
         home: 0,
+        spread: vec![0],
         peer_addrs: peer_net.addrs.clone(),
         my_host: format!("h{me}"),
         peer_host: format!("h{peer}"),
@@ -73,7 +74,7 @@ fn ctx(net: &Arc<TcpNet>, peer_net: &Arc<TcpNet>, me: usize, peer: usize, run: u
 }
 
 /// The pair of connected rail links (rank 0 connects, rank 1 accepts).
-fn pair(streams: usize) -> (RailLink, RailLink) {
+fn pair(streams: usize, spread: Vec<usize>) -> (RailLink, RailLink) {
     let a = TcpNet::start(rails(), "secret").unwrap();
     let b = TcpNet::start(rails(), "secret").unwrap();
     let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -81,6 +82,7 @@ fn pair(streams: usize) -> (RailLink, RailLink) {
     let mut c1 = ctx(&b, &a, 1, 0, run);
     c0.streams = streams;
     c1.streams = streams;
+    c0.spread = spread;
     let l0 = std::thread::spawn(move || RailLink::connect(c0).unwrap());
     let acc = b
         .accept(42, 0, 0, Duration::from_secs(5))
@@ -198,7 +200,16 @@ fn moves(s: &str) -> u32 {
 }
 
 fn run(break0: Vec<usize>, break1: Vec<usize>, streams: usize) -> (String, String) {
-    let (l0, l1) = pair(streams);
+    run_spread(break0, break1, streams, vec![0])
+}
+
+fn run_spread(
+    break0: Vec<usize>,
+    break1: Vec<usize>,
+    streams: usize,
+    spread: Vec<usize>,
+) -> (String, String) {
+    let (l0, l1) = pair(streams, spread);
     let s = sizes();
     let s2 = s.clone();
     let t0 = std::thread::spawn(move || rank_main(0, l0, &s, break0));
@@ -228,5 +239,16 @@ fn the_accepting_side_gives_a_rail_up_mid_transfer() {
 #[test]
 fn both_sides_give_rails_up_at_once_and_striped_links_move_too() {
     let (a, b) = run(vec![7, 40], vec![7, 41], 3);
+    assert!(moves(&a) >= 2 && moves(&a) == moves(&b), "{a} / {b}");
+}
+
+#[test]
+fn a_link_striped_over_two_rails_moves_whole_and_loses_nothing() {
+    // no failure: the connecting side drives both rails, one connection each
+    let (a, b) = run_spread(vec![], vec![], 1, vec![0, 1]);
+    assert!(moves(&a) == 0 && moves(&b) == 0, "{a} / {b}");
+    assert!(a.contains("tcp lo ") && a.contains("tcp lo:1 "), "{a}");
+    // rails given up mid-transfer on both sides: every element still right (rank_main checks)
+    let (a, b) = run_spread(vec![4, 30], vec![9], 2, vec![0, 1]);
     assert!(moves(&a) >= 2 && moves(&a) == moves(&b), "{a} / {b}");
 }

@@ -141,7 +141,7 @@ fn store_and_data_port_survive_a_thousand_slow_loris_connections() {
                 peer: 1,
                 chan: 0,
             },
-            0,
+            &[0],
             &b.addrs,
             Duration::from_secs(5),
             1,

@@ -218,7 +218,8 @@ impl Communicator {
         {
             let mut g = c.lock();
             g.rail = rail;
-            g.links.set_rail(rail);
+            let spread = rail_spread(rail, local.len(), rails, g.world.cfg.rails_per_rank);
+            g.links.set_rails(rail, &spread);
             #[cfg(feature = "rdma")]
             if nodes.len() > 1 {
                 let ib = crate::transport::rdma::select_net(rank, &g.world.cfg)?;
@@ -550,5 +551,48 @@ impl Inner {
         ]) | 1;
         let c = Communicator::build(new_rank, members, comm, self.world.clone(), Some(self.rail))?;
         Ok(Some(c))
+    }
+}
+
+/// The rails a rank on rail `rail` drives, with `local` ranks on its node and `rails` TCP rails:
+/// `per` rails (`RAILRING_RAILS_PER_RANK`; 0: `rails / local` when that is more than 1, else 1),
+/// `rail`, `rail + local`, `rail + 2 local`, ... (mod `rails`), so the node's ranks share its
+/// rails without overlap when `local` divides `rails`.
+pub(crate) fn rail_spread(rail: usize, local: usize, rails: usize, per: usize) -> Vec<usize> {
+    let local = local.max(1);
+    let rails = rails.max(1);
+    let per = if per == 0 {
+        (rails / local).max(1)
+    } else {
+        per
+    };
+    let mut v = Vec::new();
+    for j in 0..per.min(rails) {
+        let r = (rail + j * local) % rails;
+        if !v.contains(&r) {
+            v.push(r);
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod spread_tests {
+    use super::rail_spread;
+
+    #[test]
+    fn rails_are_shared_out_when_ranks_are_fewer() {
+        // one rank, two rails: both; two ranks, two rails: one each
+        assert_eq!(rail_spread(0, 1, 2, 0), vec![0, 1]);
+        assert_eq!(rail_spread(1, 2, 2, 0), vec![1]);
+        // two ranks, four rails: 0,2 and 1,3
+        assert_eq!(rail_spread(0, 2, 4, 0), vec![0, 2]);
+        assert_eq!(rail_spread(1, 2, 4, 0), vec![1, 3]);
+        // three ranks, four rails: one each (no rail driven twice by one rank)
+        assert_eq!(rail_spread(2, 3, 4, 0), vec![2]);
+        // forced: one rail per rank, or more than there are
+        assert_eq!(rail_spread(1, 1, 4, 1), vec![1]);
+        assert_eq!(rail_spread(3, 1, 2, 8), vec![1, 0]);
+        assert_eq!(rail_spread(0, 4, 1, 0), vec![0]);
     }
 }

@@ -54,6 +54,8 @@ pub struct LinkTable {
     me: usize,
     comm: u64,
     rail: usize,
+    /// The TCP rails this rank's links to other nodes stripe over, `rail` first.
+    spread: Vec<usize>,
     timeout: Duration,
     connect_timeout: Duration,
     /// `RAILRING_RAIL_TIMEOUT` (see `transport::failover`).
@@ -235,6 +237,7 @@ impl LinkTable {
             me,
             comm,
             rail: 0,
+            spread: vec![0],
             timeout: cfg.timeout,
             connect_timeout: cfg.connect_timeout,
             rail_timeout: cfg.rail_timeout,
@@ -275,6 +278,7 @@ impl LinkTable {
             net: net.clone(),
             id: self.id(peer, chan),
             home: self.rail,
+            spread: self.spread.clone(),
             peer_addrs: pi.addrs.clone(),
             my_host: self
                 .peers
@@ -302,7 +306,24 @@ impl LinkTable {
 
     /// The rail (index into the TCP / RDMA rails) this rank's network links use.
     pub fn set_rail(&mut self, rail: usize) {
+        self.set_rails(rail, &[]);
+    }
+
+    /// [`Self::set_rail`], with TCP links to other nodes striped over `rail` and `more` (a node
+    /// with fewer ranks than rails: every rail carries its share).
+    pub fn set_rails(&mut self, rail: usize, more: &[usize]) {
         self.rail = rail;
+        self.spread = vec![rail];
+        for &r in more {
+            if !self.spread.contains(&r) {
+                self.spread.push(r);
+            }
+        }
+    }
+
+    /// The rails this rank's TCP links to other nodes drive (its rail first).
+    pub fn rails(&self) -> &[usize] {
+        &self.spread
     }
 
     /// Use this RDMA network for links to other nodes (`None`: TCP).

@@ -132,7 +132,9 @@ struct Dial<'a> {
     comm: u64,
     me: usize,
     chan: usize,
-    my_rail: usize,
+    /// Connection k of the link goes out on rail `rails[k % rails.len()]` (one entry: every
+    /// connection on that rail).
+    rails: &'a [usize],
     peer_addrs: &'a [RailAddr],
     timeout: Duration,
     /// Keep trying a refused connect until the timeout (first connects: the peer may not be
@@ -195,23 +197,24 @@ impl TcpNet {
         }))
     }
 
-    /// Connect to `peer` (comm rank `peer_rank`) for channel `chan`, from `my_rail`, with
-    /// `streams` connections striped into one link. The peer's address is the one on the same
-    /// subnet as our rail (else its rail with the same index).
+    /// Connect to `peer` (comm rank `peer_rank`) for channel `chan` with `streams` connections
+    /// striped into one link, connection k from rail `rails[k % rails.len()]` (several rails: one
+    /// link drives them all; `streams` is rounded up to a multiple of their number so each rail
+    /// carries the same share). Each connection goes to the peer's address on the same subnet as
+    /// its rail (else the peer's rail with the same index).
     pub fn connect(
         &self,
         id: LinkId,
-        my_rail: usize,
+        rails: &[usize],
         peer_addrs: &[RailAddr],
         timeout: Duration,
         streams: usize,
     ) -> io::Result<TcpLink> {
-        let streams = streams.clamp(1, MAX_STREAMS);
         let dial = Dial {
             comm: id.comm,
             me: id.me,
             chan: id.chan,
-            my_rail,
+            rails,
             peer_addrs,
             timeout,
             retry_refused: true,
@@ -224,7 +227,7 @@ impl TcpNet {
     pub fn connect_once(
         &self,
         id: LinkId,
-        my_rail: usize,
+        rails: &[usize],
         peer_addrs: &[RailAddr],
         timeout: Duration,
         streams: usize,
@@ -233,26 +236,50 @@ impl TcpNet {
             comm: id.comm,
             me: id.me,
             chan: id.chan,
-            my_rail,
+            rails,
             peer_addrs,
             timeout,
             retry_refused: false,
         };
-        self.dial(&dial, streams.clamp(1, MAX_STREAMS))
+        self.dial(&dial, streams)
     }
 
     fn dial(&self, dial: &Dial<'_>, streams: usize) -> io::Result<TcpLink> {
+        let per = dial.rails.len().max(1);
+        let streams = streams.clamp(1, MAX_STREAMS).div_ceil(per) * per;
+        let streams = if streams > MAX_STREAMS { per } else { streams };
         let mut socks = Vec::with_capacity(streams);
-        let mut desc = String::new();
+        let mut on = Vec::with_capacity(streams);
+        let mut descs: Vec<String> = Vec::new();
         for index in 0..streams {
             let (s, d) = self.connect_one(dial, (index, streams))?;
             socks.push(s);
-            desc = d;
+            on.push(dial.rails.get(index % per).copied().unwrap_or(0));
+            if !descs.contains(&d) {
+                descs.push(d);
+            }
         }
+        let mut desc = descs.join(" + ");
         if streams > 1 {
             desc.push_str(&format!(" x{streams} streams"));
         }
-        TcpLink::new(socks, desc)
+        TcpLink::new(socks, on, desc)
+    }
+
+    /// The rail each connection is on, by its local address (`fallback` where none matches).
+    fn rails_of(&self, socks: &[TcpStream], fallback: usize) -> Vec<usize> {
+        socks
+            .iter()
+            .map(|s| {
+                s.local_addr()
+                    .ok()
+                    .and_then(|a| match a.ip() {
+                        IpAddr::V4(ip) => self.rails.iter().position(|r| r.ip == ip),
+                        _ => None,
+                    })
+                    .unwrap_or(fallback)
+            })
+            .collect()
     }
 
     /// Make connection `index` of a link's `streams` (see [`Self::connect`]).
@@ -265,11 +292,12 @@ impl TcpNet {
             comm,
             me,
             chan,
-            my_rail,
+            rails,
             peer_addrs,
             timeout,
             retry_refused,
         } = dial;
+        let my_rail = rails.get(index % rails.len().max(1)).copied().unwrap_or(0);
         let rail = self.rails.get(my_rail % self.rails.len().max(1)).cloned();
         let target = rail
             .as_ref()
@@ -355,7 +383,8 @@ impl TcpNet {
                 if socks.len() > 1 {
                     desc.push_str(&format!(" x{} streams", socks.len()));
                 }
-                return TcpLink::new(socks, desc).map(Some);
+                let on = self.rails_of(&socks, 0);
+                return TcpLink::new(socks, on, desc).map(Some);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -402,7 +431,8 @@ impl TcpNet {
                         .map(|a| a.to_string())
                         .unwrap_or_default()
                 );
-                if let Ok(l) = TcpLink::new(socks, desc) {
+                let on = self.rails_of(&socks, 0);
+                if let Ok(l) = TcpLink::new(socks, on, desc) {
                     out.push((k.2 >> 24, l));
                 }
             }
@@ -441,13 +471,17 @@ fn accept_one(mut s: TcpStream, secret: &[u8], ticket: Ticket) -> io::Result<(He
 /// connection has its own window while both sides agree on the order with no framing.
 pub struct TcpLink {
     s: Vec<TcpStream>,
+    /// The rail (index into [`TcpNet::rails`]) each connection is on.
+    on: Vec<usize>,
     desc: String,
     sent: u64,
     received: u64,
+    /// The rail of the connection that last reported an error.
+    err_rail: Option<usize>,
 }
 
 impl TcpLink {
-    fn new(s: Vec<TcpStream>, desc: String) -> io::Result<TcpLink> {
+    fn new(s: Vec<TcpStream>, on: Vec<usize>, desc: String) -> io::Result<TcpLink> {
         if s.is_empty() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "no connection"));
         }
@@ -457,9 +491,11 @@ impl TcpLink {
         }
         Ok(TcpLink {
             s,
+            on,
             desc,
             sent: 0,
             received: 0,
+            err_rail: None,
         })
     }
 
@@ -508,7 +544,10 @@ impl TcpLink {
                 {
                     break
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.err_rail = self.on.get(k).copied();
+                    return Err(e);
+                }
             }
         }
         Ok(done)
@@ -523,10 +562,11 @@ impl TcpLink {
             let want = (buf.len() - done).min(usize::try_from(room).unwrap_or(usize::MAX));
             match self.s[k].read(&mut buf[done..done + want]) {
                 Ok(0) => {
+                    self.err_rail = self.on.get(k).copied();
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "connection closed by peer",
-                    ))
+                    ));
                 }
                 Ok(n) => {
                     self.received += n as u64;
@@ -541,7 +581,10 @@ impl TcpLink {
                 {
                     break
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.err_rail = self.on.get(k).copied();
+                    return Err(e);
+                }
             }
         }
         Ok(done)
@@ -550,6 +593,30 @@ impl TcpLink {
     /// Every connection's descriptor (for `TCP_INFO` and interface checks).
     pub fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
         self.s.iter().map(|c| c.as_raw_fd())
+    }
+
+    /// Every connection's descriptor with the rail it is on.
+    pub fn fds_on_rails(&self) -> impl Iterator<Item = (RawFd, usize)> + '_ {
+        self.s
+            .iter()
+            .zip(&self.on)
+            .map(|(c, &r)| (c.as_raw_fd(), r))
+    }
+
+    /// The rails this link's connections are on, each once, in connection order.
+    pub fn rails(&self) -> Vec<usize> {
+        let mut v: Vec<usize> = Vec::new();
+        for &r in &self.on {
+            if !v.contains(&r) {
+                v.push(r);
+            }
+        }
+        v
+    }
+
+    /// The rail of the connection that last reported an error (a link over several rails).
+    pub fn error_rail(&self) -> Option<usize> {
+        self.err_rail
     }
 
     /// This link's local address (of its first connection).
@@ -613,7 +680,7 @@ mod tests {
                         peer: 1,
                         chan,
                     },
-                    0,
+                    &[0],
                     &b.addrs,
                     Duration::from_secs(2),
                     streams,
@@ -665,7 +732,7 @@ mod tests {
                     peer: 1,
                     chan: 0,
                 },
-                0,
+                &[0],
                 &b.addrs,
                 t,
                 3,
@@ -679,7 +746,7 @@ mod tests {
                     peer: 1,
                     chan: 1 << 16,
                 },
-                0,
+                &[0],
                 &b.addrs,
                 t,
                 3,
@@ -712,7 +779,7 @@ mod tests {
                     peer: 1,
                     chan: 1,
                 },
-                0,
+                &[0],
                 &b.addrs,
                 Duration::from_secs(2),
                 1,
@@ -742,7 +809,7 @@ mod tests {
                     peer: 1,
                     chan: 0
                 },
-                0,
+                &[0],
                 &b.addrs,
                 Duration::from_secs(2),
                 1

@@ -78,6 +78,9 @@ pub struct RailCtx {
     pub id: LinkId,
     /// This rank's own rail (index into `net.rails`).
     pub home: usize,
+    /// The rails the link drives at home, `home` first (several when this node has fewer ranks
+    /// than rails: the link's connections are striped over them).
+    pub spread: Vec<usize>,
     pub peer_addrs: Vec<tcp::RailAddr>,
     pub my_host: String,
     pub peer_host: String,
@@ -90,6 +93,20 @@ pub struct RailCtx {
 }
 
 impl RailCtx {
+    /// The home rails this link can use now (`home` first; the others of `spread` unless down
+    /// or known dead toward the peer host).
+    fn home_rails(&self, retry: Duration) -> Vec<usize> {
+        let mut v = vec![self.home];
+        for &r in &self.spread {
+            if r != self.home
+                && self.peer_on(r)
+                && health::rail_unusable(&self.ifname(r), &self.peer_key, retry).is_none()
+            {
+                v.push(r);
+            }
+        }
+        v
+    }
     fn ifname(&self, rail: usize) -> String {
         self.net
             .rails
@@ -117,7 +134,7 @@ impl RailCtx {
             ..self.id
         };
         self.net
-            .connect_once(id, rail, &self.peer_addrs, timeout, self.streams)
+            .connect_once(id, &[rail], &self.peer_addrs, timeout, self.streams)
     }
 }
 
@@ -179,6 +196,9 @@ struct LinkState {
     why_moving: String,
     last_abort_check: Instant,
     off_home_since: Option<Instant>,
+    /// Since when an interface of the current connection has been seen down while no other
+    /// rail could take the link (a flap shorter than `RAILRING_RAIL_TIMEOUT` is waited out).
+    iface_down_since: Option<Instant>,
     back: Option<(u32, BackProbe)>,
     last_back_try: Option<Instant>,
     /// Set when the connection failed and could not be replaced (the peer's process is gone,

@@ -41,7 +41,10 @@ impl LinkState {
                     "{}: {e}; the job is failing, first failure reported: {why}",
                     self.conn.describe()
                 ))),
-                None => self.fail_over(format!("{e}"), reset),
+                None => {
+                    let rail = self.conn.error_rail().unwrap_or(self.rail);
+                    self.fail_over_rail(rail, format!("{e}"), reset)
+                }
             }
         } else if e.kind() == io::ErrorKind::UnexpectedEof {
             // The peer closes a connection only after moving off it (then its RESUME is here)
@@ -85,7 +88,18 @@ impl LinkState {
     /// `reset`: the connection was reset, so the rail itself carried the reset: try it first
     /// and do not mark it dead (a refusal there means the peer's process is gone).
     pub(super) fn fail_over(&mut self, why: String, reset: bool) -> Result<(), LinkError> {
-        let ifname = self.ctx.ifname(self.rail);
+        self.fail_over_rail(self.rail, why, reset)
+    }
+
+    /// [`Self::fail_over`] naming the rail that failed (one of the link's rails when it drives
+    /// several): that rail is marked dead, the link moves to one rail that works.
+    pub(super) fn fail_over_rail(
+        &mut self,
+        failed: usize,
+        why: String,
+        reset: bool,
+    ) -> Result<(), LinkError> {
+        let ifname = self.ctx.ifname(failed);
         let from = self.conn.describe();
         if !reset {
             mark_dead(&ifname, &self.ctx.peer_key, &why);
@@ -342,10 +356,10 @@ impl LinkState {
         let resent = self.next - consumed;
         self.next = resume_at;
         self.incoming.retain(|p| p.gen > gen);
-        self.off_home_since = (rail != self.ctx.home).then(Instant::now);
+        self.off_home_since = (!self.at_home()).then(Instant::now);
         let to = format!("{} ({})", self.ctx.ifname(rail), self.conn.describe());
         let home = self.ctx.ifname(self.ctx.home);
-        if rail == self.ctx.home && from_rail != rail {
+        if self.at_home() && (from_rail != rail || old.rails().len() < self.conn.rails().len()) {
             // One WARN when a rail toward a peer host comes back (after its WARN when it went),
             // from the side that moved; the other side says so at INFO.
             let key = (home.clone(), self.ctx.peer_key.clone());
@@ -394,22 +408,59 @@ impl LinkState {
     }
 
     /// Why the current connection should be given up now, if it should.
-    pub(super) fn trouble(&mut self) -> Option<String> {
-        let ifname = self.ctx.ifname(self.rail);
-        if iface_state(&ifname) == Some(false) {
-            return Some(format!(
-                "interface {ifname} is down on {}",
-                self.ctx.my_host
-            ));
+    /// (The rail at fault, why.) A link striped over several rails checks each: its stalest
+    /// connection with bytes outstanding decides.
+    pub(super) fn trouble(&mut self) -> Option<(usize, String)> {
+        let retry = retry_after(self.ctx.rail_timeout);
+        let mut down = false;
+        for r in self.conn.rails() {
+            let ifname = self.ctx.ifname(r);
+            if iface_state(&ifname) == Some(false) {
+                down = true;
+                let since = *self.iface_down_since.get_or_insert_with(Instant::now);
+                // Another rail to go to: move now. None: the interface may come back (a flap;
+                // TCP retransmits meanwhile), so wait up to RAILRING_RAIL_TIMEOUT first.
+                let elsewhere = (0..self.ctx.net.rails.len()).any(|o| {
+                    o != r
+                        && self.ctx.peer_on(o)
+                        && iface_state(&self.ctx.ifname(o)) != Some(false)
+                        && rail_unusable(&self.ctx.ifname(o), &self.ctx.peer_key, retry).is_none()
+                });
+                if elsewhere {
+                    return Some((
+                        r,
+                        format!("interface {ifname} is down on {}", self.ctx.my_host),
+                    ));
+                }
+                if since.elapsed() >= self.ctx.rail_timeout {
+                    return Some((
+                        r,
+                        format!(
+                            "interface {ifname} is down on {} for {:.1} s (RAILRING_RAIL_TIMEOUT={})",
+                            self.ctx.my_host,
+                            since.elapsed().as_secs_f64(),
+                            self.ctx.rail_timeout.as_secs()
+                        ),
+                    ));
+                }
+            }
         }
+        if down {
+            return None;
+        }
+        self.iface_down_since = None;
         let mut outstanding = 0u32;
-        let mut ack_age = u32::MAX;
+        let mut ack_age = 0u32;
+        let mut stale_rail = self.rail;
         let mut retrans = 0u32;
-        for fd in self.conn.fds() {
+        for (fd, r) in self.conn.fds_on_rails() {
             if let Some(ti) = tcp_info(fd) {
                 if ti.unacked > 0 {
                     outstanding += ti.unacked;
-                    ack_age = ack_age.min(ti.last_ack_recv);
+                    if ti.last_ack_recv >= ack_age {
+                        ack_age = ti.last_ack_recv;
+                        stale_rail = r;
+                    }
                     retrans += ti.retransmits as u32;
                 }
             }
@@ -422,12 +473,12 @@ impl LinkState {
         match self.suspect {
             Some(t0) if age >= t0.elapsed() => {
                 if t0.elapsed() >= self.ctx.rail_timeout {
-                    return Some(format!(
+                    return Some((stale_rail, format!(
                         "no acknowledgement from {} for {:.1} s ({outstanding} packets outstanding, {retrans} retransmissions; RAILRING_RAIL_TIMEOUT={})",
                         self.ctx.peer_host,
                         t0.elapsed().as_secs_f64(),
                         self.ctx.rail_timeout.as_secs()
-                    ));
+                    )));
                 }
             }
             _ => self.suspect = Some(Instant::now()),
@@ -438,7 +489,7 @@ impl LinkState {
     /// While off the home rail: try to go back once the home interface is up and the rail has
     /// been out for a while (the lower rank starts; a background connect, then `RESUME`).
     pub(super) fn maybe_go_home(&mut self) -> Result<(), LinkError> {
-        if self.rail == self.ctx.home || self.ctx.id.me > self.ctx.id.peer {
+        if self.at_home() || self.ctx.id.me > self.ctx.id.peer {
             return Ok(());
         }
         let retry = retry_after(self.ctx.rail_timeout);
@@ -483,11 +534,16 @@ impl LinkState {
         if rail_unusable(&home, &self.ctx.peer_key, retry).is_some() || self.max_gen >= MAX_GEN {
             return Ok(());
         }
+        // back onto every home rail (a link striped over several waits until all work again)
+        let rails = self.ctx.home_rails(retry);
+        if self.rail == self.ctx.home && rails.len() <= self.conn.rails().len() {
+            return Ok(());
+        }
         self.last_back_try = Some(Instant::now());
         let gen = self.max_gen + 1;
         self.max_gen = gen;
         let probe: BackProbe = Arc::new(Mutex::new(None));
-        let (net, id, addrs, streams, timeout, rail) = (
+        let (net, id, addrs, streams, timeout) = (
             self.ctx.net.clone(),
             LinkId {
                 chan: self.ctx.id.chan | ((gen as usize) << 24),
@@ -496,13 +552,12 @@ impl LinkState {
             self.ctx.peer_addrs.clone(),
             self.ctx.streams,
             self.ctx.rail_timeout.min(self.ctx.connect_timeout),
-            self.ctx.home,
         );
         let slot = probe.clone();
         let spawned = std::thread::Builder::new()
             .name("rr-rail-back".into())
             .spawn(move || {
-                let r = net.connect_once(id, rail, &addrs, timeout, streams);
+                let r = net.connect_once(id, &rails, &addrs, timeout, streams);
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
             });
         if spawned.is_ok() {

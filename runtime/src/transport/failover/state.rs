@@ -50,7 +50,8 @@ pub(super) fn write_all(l: &mut TcpLink, b: &[u8], timeout: Duration) -> io::Res
 impl LinkState {
     /// Wrap `conn` (carried on local rail `rail`) as generation 0 of the link `ctx.id`.
     pub(super) fn new(ctx: RailCtx, conn: TcpLink, rail: usize) -> LinkState {
-        let off_home = (rail != ctx.home).then(Instant::now);
+        let off_home =
+            (rail != ctx.home || conn.rails().len() < ctx.spread.len()).then(Instant::now);
         LinkState {
             ctx,
             conn,
@@ -84,6 +85,7 @@ impl LinkState {
             why_moving: String::new(),
             last_abort_check: Instant::now(),
             off_home_since: off_home,
+            iface_down_since: None,
             back: None,
             last_back_try: None,
             dead: None,
@@ -117,9 +119,14 @@ impl LinkState {
                 ctx.connect_timeout.min(ctx.rail_timeout)
             };
             let id = ctx.id;
+            let rails = if r == ctx.home {
+                ctx.home_rails(retry)
+            } else {
+                vec![r]
+            };
             match ctx
                 .net
-                .connect(id, r, &ctx.peer_addrs, timeout, ctx.streams)
+                .connect(id, &rails, &ctx.peer_addrs, timeout, ctx.streams)
             {
                 Ok(l) => {
                     if !notes.is_empty() {
@@ -155,6 +162,7 @@ impl LinkState {
         // the link's home is the rail the connecting side chose
         let rail = Self::rail_of(&ctx.net, &conn, ctx.home);
         ctx.home = rail;
+        ctx.spread = conn.rails();
         LinkState::new(ctx, conn, rail)
     }
 
@@ -377,8 +385,13 @@ impl LinkState {
 
 /// The link operations, under the link's lock (see [`RailLink`]'s `Link` implementation).
 impl LinkState {
+    /// On the home rail with every rail of the link's spread that it had at the start.
+    pub(super) fn at_home(&self) -> bool {
+        self.rail == self.ctx.home && self.conn.rails().len() >= self.ctx.spread.len()
+    }
+
     pub(super) fn describe(&self) -> String {
-        if self.rail == self.ctx.home {
+        if self.at_home() {
             self.conn.describe()
         } else {
             format!(
@@ -561,7 +574,7 @@ impl LinkState {
                 || !self.incoming.is_empty()
                 || self.back.is_some()
                 || self.acked < self.next
-                || self.rail != self.ctx.home
+                || !self.at_home()
                 || tcp::arrivals() != self.arrivals_seen
                 || self.owe_ack
                 || self.ctl_off < self.ctl.len())
@@ -588,8 +601,8 @@ impl LinkState {
             return Ok(());
         }
         self.last_check = Some(Instant::now());
-        if let Some(why) = self.trouble() {
-            if let Err(e) = self.fail_over(why, false) {
+        if let Some((rail, why)) = self.trouble() {
+            if let Err(e) = self.fail_over_rail(rail, why, false) {
                 self.dead = Some(match e {
                     LinkError::PeerGone(s) => (true, s),
                     LinkError::Io(e) => (false, e.to_string()),
