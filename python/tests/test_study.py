@@ -158,11 +158,11 @@ def test_failures_are_reported_not_retried(study, tmp_path):
     assert len(points_in(out / "failures.jsonl")) == 16, err
 
 
-def test_prediction_plot_is_optional(study, tmp_path):
-    """Without a `railrun plan` command the study says so and still draws the other plots."""
+def test_prediction_plot_is_optional(study, tmp_path, repo):
+    """With a fabric file and railrun's `plan` command, the measured-vs-predicted plot is drawn
+    from `railrun plan --json`; without the command the study says so and draws the others."""
     pytest.importorskip("matplotlib", reason="the plots need matplotlib")
-    fabric = tmp_path / "fabric.toml"
-    fabric.write_text("# a fabric file for railrun plan\n")
+    fabric = repo / "fabrics" / "emu-4n-1to1.json"
     s = study(extra=f'fabric = "{fabric}"\n')  # one point: 1 node x 2 ranks
     out = tmp_path / "out"
     p = runner([s, "-o", out])
@@ -171,17 +171,25 @@ def test_prediction_plot_is_optional(study, tmp_path):
     from railring.study.predict import plan_available
     from conftest import find_bin
     if plan_available(find_bin("railrun")):
-        assert (out / "plots" / "predicted_allreduce.svg").exists() or "no prediction" in err, err
+        assert (out / "plots" / "predicted_allreduce.svg").exists(), err
+        assert "no prediction" not in err, err
     else:
         assert "has no `plan` command: no measured-vs-predicted plot" in err, err
         assert (out / "plots" / "busbw_allreduce.svg").exists()
 
 
 def test_plan_json_reader():
-    doc = {"fabric": "x", "rows": [{"size": 1024, "algo": "ring", "busbw": 1.5},
-                                   {"size": 1024, "algo": "two_level", "busbw": 2.5},
-                                   {"bytes": 2048, "algorithm": "ring", "busbw_gbps": 3.0}]}
-    assert sorted(_rows(doc)) == [(1024, 1.5, "ring"), (1024, 2.5, "two_level"), (2048, 3.0, "ring")]
+    # the shape of `railrun plan --json` (rows, each algorithm's prediction, the planner's choice)
+    doc = {"fabric": {"name": "x"}, "rows": [
+        {"size": 1024, "count": 256, "choice": "two_level",
+         "algos": {"ring": {"busbw_gbs": 1.5}, "two_level": {"busbw_gbs": 2.5}}},
+        {"size": 2048, "count": 512, "choice": "ring",
+         "algos": {"ring": {"busbw_gbs": 3.0}, "two_level": {"busbw_gbs": 2.0}}},
+    ]}
+    assert sorted(_rows(doc, "ring")) == [(1024, 1.5), (2048, 3.0)]
+    assert sorted(_rows(doc, "auto")) == [(1024, 2.5), (2048, 3.0)]
+    assert list(_rows(doc, "tree")) == []
+    assert list(_rows({"rows": "garbage"}, "ring")) == []
 
 
 def test_dry_run_lists_points_and_commands(study, tmp_path):

@@ -17,25 +17,20 @@ def plan_available(railrun):
     return r.returncode == 0 and "--fabric" in (r.stdout + r.stderr)
 
 
-SIZE_KEYS = ("size", "bytes", "size_bytes")
-BUSBW_KEYS = ("busbw", "busbw_gbps", "predicted_busbw", "bus_bw", "busbw_gb_s")
-ALGO_KEYS = ("algo", "algorithm")
-
-
-def _rows(doc):
-    """Every dict in the JSON document with a size and a busbw."""
-    stack = [doc]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, dict):
-            size = next((x[k] for k in SIZE_KEYS if isinstance(x.get(k), (int, float))), None)
-            bw = next((x[k] for k in BUSBW_KEYS if isinstance(x.get(k), (int, float))), None)
-            if size is not None and bw is not None:
-                algo = next((str(x[k]) for k in ALGO_KEYS if k in x), None)
-                yield int(size), float(bw), algo
-            stack.extend(x.values())
-        elif isinstance(x, list):
-            stack.extend(x)
+def _rows(doc, algo):
+    """(size, predicted busbw in GB/s) per row of `railrun plan --json`: the named algorithm's,
+    or with `auto` the one the planner chose."""
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    for row in rows if isinstance(rows, list) else []:
+        if not isinstance(row, dict):
+            continue
+        algos = row.get("algos") if isinstance(row.get("algos"), dict) else {}
+        name = row.get("choice") if algo == "auto" else algo
+        got = algos.get(name) if name else None
+        if isinstance(row.get("size"), int) and isinstance(got, dict):
+            bw = got.get("busbw_gbs")
+            if isinstance(bw, (int, float)):
+                yield row["size"], float(bw)
 
 
 def predict(study, railrun, configs, warn):
@@ -61,12 +56,9 @@ def predict(study, railrun, configs, warn):
         except json.JSONDecodeError:
             warn(f"`{' '.join(cmd)}` did not print JSON; no prediction for {c}")
             continue
-        got = {}
-        for size, bw, a in _rows(doc):
-            if algo == "auto" or a is None or a.replace("-", "_") == algo:
-                got.setdefault(size, bw)
+        got = dict(_rows(doc, algo.replace("-", "_")))
         if got:
             out[c] = got
         else:
-            warn(f"`{' '.join(cmd)}`: no rows with a size and a busbw in its JSON; no prediction for {c}")
+            warn(f"`{' '.join(cmd)}`: no predicted busbw for algorithm {algo} in its JSON; no prediction for {c}")
     return out
