@@ -18,6 +18,7 @@
 
 mod alloc;
 mod mutate;
+mod run;
 mod targets;
 
 use std::io::Write;
@@ -62,7 +63,7 @@ fn main() {
         {
             continue;
         }
-        let r = targets::run(&t, seed, execs, secs, &out_dir);
+        let r = run::run(&t, seed, execs, secs, &out_dir);
         total += r.execs;
         println!(
             "{:<14} {:>9} {:>8.1} {:>7.0} {:>6} {:>6} {:>9} KiB",
