@@ -2,12 +2,13 @@
 //! with no tool beyond cargo (`cargo test -p railring-tests --test fuzz`; `scripts/fuzz` for
 //! the long mode).
 //!
-//! Why not cargo-fuzz / libFuzzer or AFL: cargo-fuzz needs a nightly toolchain, and both need a
-//! tool built and installed on the CI machine, beyond the CI's budget. This is a mutational
-//! fuzzer seeded per target with valid inputs (fixtures, hand-written seeds) and a dictionary of
-//! the grammar's tokens; each execution applies 1–8 mutations (bit flips, interesting bytes and
+//! This is the fuzzer that needs no tool and no C++ compiler: a mutational fuzzer seeded per
+//! target with valid inputs (fixtures, hand-written seeds) and a dictionary of the grammar's
+//! tokens; each execution applies 1–8 mutations (bit flips, interesting bytes and
 //! numbers, insertions, deletions, duplicated ranges — which grow nesting — and splices between
-//! seeds). It has no coverage feedback; the seeds and dictionaries stand in for it.
+//! seeds). It has no coverage feedback; the seeds and dictionaries stand in for it. The
+//! coverage-guided fuzzer, libFuzzer on stable (`tests/fuzz-lf`, `scripts/fuzz-cov`, run by CI
+//! too), fuzzes the same targets (`targets.rs`).
 //!
 //! For each execution it checks: no panic (caught, the input saved and reported), no hang
 //! (an execution over 2 s is reported; 15 s in a debug build), bounded memory (a counting allocator reports any single
@@ -18,6 +19,7 @@
 
 mod alloc;
 mod mutate;
+mod run;
 mod targets;
 
 use std::io::Write;
@@ -62,7 +64,7 @@ fn main() {
         {
             continue;
         }
-        let r = targets::run(&t, seed, execs, secs, &out_dir);
+        let r = run::run(&t, seed, execs, secs, &out_dir);
         total += r.execs;
         println!(
             "{:<14} {:>9} {:>8.1} {:>7.0} {:>6} {:>6} {:>9} KiB",
