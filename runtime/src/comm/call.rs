@@ -268,6 +268,31 @@ impl Inner {
                 "one node: in-node shared-memory fabric".into(),
             );
         }
+        // Broadcast, reduce and all-to-all on one node, by measurement (4 ranks on 2 cores,
+        // railperf with RAILRING_ALGO forced, docs/railrun.md "Algorithms"): the fabric's
+        // broadcast from 32 KiB (2 MiB: 0.42 ms against the ring's 0.71 and the tree's 1.05),
+        // the pipelined ring below (0.5-1 µs for tiny calls); the fabric's reduce at every
+        // size; the fabric's all-to-all for blocks under 32 KiB (64 B: 5 µs against 13 µs
+        // pairwise), pairwise above (each block crosses shared memory once instead of twice).
+        if self.layout.nodes.len() == 1 && self.layout.size() > 1 {
+            let bytes = count.saturating_mul(esz);
+            let pick = match kind {
+                CollKind::Broadcast if bytes >= 32 << 10 => Some(Algo::TwoLevel),
+                CollKind::Broadcast => Some(Algo::Ring),
+                CollKind::Reduce => Some(Algo::TwoLevel),
+                CollKind::AllToAll if bytes < 32 << 10 => Some(Algo::TwoLevel),
+                CollKind::AllToAll => Some(Algo::Pairwise),
+                _ => None,
+            };
+            if let Some(a) = pick.filter(|a| candidates.contains(a)) {
+                if build_plan(kind, a, &self.layout, self.rank, count, root).is_ok() {
+                    return (
+                        a,
+                        format!("one node: {a} measured fastest at {bytes} bytes"),
+                    );
+                }
+            }
+        }
         self.world
             .cfg
             .cost
