@@ -6,8 +6,8 @@
 //! | kind            | algorithms                                        |
 //! |-----------------|---------------------------------------------------|
 //! | all_reduce      | two_level (uniform layouts), ring, recursive_doubling, tree |
-//! | reduce_scatter  | two_level (uniform layouts), ring                 |
-//! | all_gather      | two_level (uniform layouts), ring                 |
+//! | reduce_scatter  | two_level (uniform layouts), ring, recursive_doubling (halving; 2^k ranks) |
+//! | all_gather      | two_level (uniform layouts), ring, recursive_doubling (2^k ranks) |
 //! | broadcast       | tree, ring (pipelined chain), two_level (uniform layouts) |
 //! | reduce          | tree, two_level (uniform layouts)                 |
 //! | all_to_all      | pairwise, two_level                               |
@@ -111,6 +111,12 @@ fn builder_of(kind: CollKind, algo: Algo) -> Result<BuildFn, PlanError> {
             })
         }
         (CollKind::ReduceScatter, Algo::Ring) => |c, _, n, _| ring::reduce_scatter_in(c, n),
+        (CollKind::ReduceScatter, Algo::RecursiveDoubling) => {
+            |c, _, n, _| recursive_doubling::reduce_scatter_in(c, n)
+        }
+        (CollKind::AllGather, Algo::RecursiveDoubling) => {
+            |c, _, n, _| recursive_doubling::all_gather_in(c, n)
+        }
         (CollKind::ReduceScatter, Algo::TwoLevel) => {
             |c, l, n, _| two_level::reduce_scatter_in(c, l, n)
         }
@@ -146,7 +152,9 @@ pub fn algorithms_for(kind: CollKind) -> &'static [Algo] {
             Algo::RecursiveDoubling,
             Algo::Tree,
         ],
-        CollKind::ReduceScatter | CollKind::AllGather => &[Algo::TwoLevel, Algo::Ring],
+        CollKind::ReduceScatter | CollKind::AllGather => {
+            &[Algo::TwoLevel, Algo::Ring, Algo::RecursiveDoubling]
+        }
         CollKind::Broadcast => &[Algo::Tree, Algo::Ring, Algo::TwoLevel],
         CollKind::Reduce => &[Algo::Tree, Algo::TwoLevel],
         CollKind::AllToAll => &[Algo::Pairwise, Algo::TwoLevel],

@@ -646,19 +646,29 @@ mod tests {
         let one = Layout::single_node(4);
         let (a, why) = m.choose(CollKind::AllToAll, &one, 10, 4, 0);
         assert_eq!(a, Algo::TwoLevel, "{why}");
-        // Two nodes of four: the two-level plans cross the network once per rail instead of
-        // the flat ring's seven network-bound steps, at every size.
-        for count in [10, 1 << 20] {
-            for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
-                let (a, why) = m.choose(kind, &l, count, 4, 0);
-                assert_eq!(a, Algo::TwoLevel, "{kind} x{count}: {why}");
-            }
+        // Two nodes of four: never the flat ring's seven network-bound steps. Small blocks:
+        // recursive doubling's log2(8) = 3 rounds (or two-level); large: two-level, which
+        // crosses the network once per rail.
+        for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+            let (a, why) = m.choose(kind, &l, 10, 4, 0);
+            assert!(
+                matches!(a, Algo::TwoLevel | Algo::RecursiveDoubling),
+                "{kind} x10: {why}"
+            );
+            let (a, why) = m.choose(kind, &l, 1 << 20, 4, 0);
+            assert_eq!(a, Algo::TwoLevel, "{kind} x{}: {why}", 1 << 20);
         }
-        // Non-uniform layouts have no two-level plan: the ring it is.
+        // Non-uniform layouts have no two-level plan, 4 ranks do have recursive doubling; 3 ranks
+        // on uneven nodes: the ring it is.
         let odd = Layout {
             nodes: vec![vec![0, 1, 2], vec![3]],
         };
-        assert_eq!(m.choose(CollKind::AllGather, &odd, 10, 4, 0).0, Algo::Ring);
+        let (a, why) = m.choose(CollKind::AllGather, &odd, 10, 4, 0);
+        assert!(matches!(a, Algo::Ring | Algo::RecursiveDoubling), "{why}");
+        let odd3 = Layout {
+            nodes: vec![vec![0, 1], vec![2]],
+        };
+        assert_eq!(m.choose(CollKind::AllGather, &odd3, 10, 4, 0).0, Algo::Ring);
         let (a, why) = m.choose(CollKind::Reduce, &l, 10, 4, 7);
         assert!(matches!(a, Algo::Tree | Algo::TwoLevel), "{why}");
         let (a, why) = m.choose(CollKind::Reduce, &l, 1 << 22, 4, 7);

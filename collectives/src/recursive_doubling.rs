@@ -21,7 +21,7 @@
 //! staging and combine after the send has read the region (the checker models exactly that).
 
 use crate::builder::{push_exchange, Ctx, LayoutIndex, PlanError};
-use crate::plan::{Algo, CollKind, Layout, Plan, Region};
+use crate::plan::{Algo, CollKind, Layout, Plan, Region, Step};
 
 /// Recursive-doubling all-reduce of `count` elements.
 pub fn all_reduce(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
@@ -75,6 +75,120 @@ pub(crate) fn all_reduce_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> 
     })
 }
 
+/// The blocks (`count` elements each, block of rank r at `r * count`) of the ranks at
+/// positions `lo..hi` of the node-major order, merged into runs of consecutive rank numbers
+/// (one region each: with ranks numbered node by node, one region for the whole range).
+fn block_runs(ctx: &Ctx, lo: usize, hi: usize, count: usize) -> Vec<Region> {
+    let mut ranks: Vec<usize> = (lo..hi).map(|p| ctx.order[p]).collect();
+    ranks.sort_unstable();
+    let mut runs: Vec<Region> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i + 1;
+        while j < ranks.len() && ranks[j] == ranks[j - 1] + 1 {
+            j += 1;
+        }
+        runs.push(Region::work(ranks[i] * count, (j - i) * count));
+        i = j;
+    }
+    runs
+}
+
+/// Sends `send` and receives `recv` with `peer`, pairing the runs in order (both sides compute
+/// the same lists, so the peer's receives match these sends one for one).
+fn exchange_runs(
+    steps: &mut Vec<Step>,
+    peer: usize,
+    send: &[Region],
+    recv: &[Region],
+    reduce: bool,
+) {
+    for k in 0..send.len().max(recv.len()) {
+        push_exchange(
+            steps,
+            send.get(k).map(|&r| (peer, r)),
+            recv.get(k).map(|&r| (peer, r)),
+            reduce,
+            0,
+        );
+    }
+}
+
+fn power_of_two(ctx: &Ctx, kind: CollKind) -> Result<(), PlanError> {
+    if ctx.n.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(PlanError::Unsupported {
+            kind,
+            algo: Algo::RecursiveDoubling,
+        })
+    }
+}
+
+/// Recursive-doubling all-gather (`Work` has `count * n`; rank r's block holds its contribution
+/// on entry), for a power-of-two number of ranks (others: unsupported; the chooser takes the
+/// ring): in round k, position p exchanges with `p ^ 2^k` every block its group of 2^k
+/// positions holds. log2(n) rounds: the latency-bound choice for small blocks.
+pub fn all_gather(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    all_gather_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn all_gather_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    power_of_two(ctx, CollKind::AllGather)?;
+    let p = ctx.me();
+    let mut steps = Vec::new();
+    if count > 0 {
+        let mut w = 1;
+        while w < ctx.n {
+            let mine = p / w * w;
+            let theirs = mine ^ w;
+            let peer = ctx.order[p ^ w];
+            let send = block_runs(ctx, mine, mine + w, count);
+            let recv = block_runs(ctx, theirs, theirs + w, count);
+            exchange_runs(&mut steps, peer, &send, &recv, false);
+            w <<= 1;
+        }
+    }
+    Ok(Plan {
+        kind: CollKind::AllGather,
+        algo: Algo::RecursiveDoubling,
+        rank: ctx.rank,
+        steps,
+    })
+}
+
+/// Recursive-halving reduce-scatter (`Work` has `count * n`; rank r's block ends reduced), for a
+/// power-of-two number of ranks: in the round of width w (n/2, n/4, ..., 1), position p keeps
+/// the half of its current window of 2w positions that holds its own block, sends the other
+/// half's blocks to `p ^ w` and reduces in that partner's copy of its own half. log2(n) rounds.
+pub fn reduce_scatter(layout: &Layout, rank: usize, count: usize) -> Result<Plan, PlanError> {
+    reduce_scatter_in(&LayoutIndex::new(layout)?.ctx(rank)?, count)
+}
+
+pub(crate) fn reduce_scatter_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> {
+    power_of_two(ctx, CollKind::ReduceScatter)?;
+    let p = ctx.me();
+    let mut steps = Vec::new();
+    if count > 0 {
+        let mut w = ctx.n / 2;
+        while w >= 1 {
+            let mine = p / w * w;
+            let theirs = mine ^ w;
+            let peer = ctx.order[p ^ w];
+            let send = block_runs(ctx, theirs, theirs + w, count);
+            let recv = block_runs(ctx, mine, mine + w, count);
+            exchange_runs(&mut steps, peer, &send, &recv, true);
+            w /= 2;
+        }
+    }
+    Ok(Plan {
+        kind: CollKind::ReduceScatter,
+        algo: Algo::RecursiveDoubling,
+        rank: ctx.rank,
+        steps,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -85,6 +199,47 @@ mod tests {
     #[test]
     fn all_reduce_matrix() {
         assert!(run_matrix(CollKind::AllReduce, Algo::RecursiveDoubling, false) > 100);
+    }
+
+    #[test]
+    fn all_gather_and_reduce_scatter_on_powers_of_two() {
+        let mut cases = 0;
+        for n in 1..=16usize {
+            for layout in crate::testing::layouts(n) {
+                for count in crate::testing::counts(n) {
+                    for kind in [CollKind::AllGather, CollKind::ReduceScatter] {
+                        let built = plans(kind, Algo::RecursiveDoubling, &layout, count, 0);
+                        if !n.is_power_of_two() {
+                            assert!(matches!(built, Err(PlanError::Unsupported { .. })), "{n}");
+                            continue;
+                        }
+                        let p = built.unwrap();
+                        check(kind, &layout, count, 0, &p).unwrap_or_else(|e| {
+                            panic!("{kind} n={n} {layout:?} count={count}: {e}")
+                        });
+                        // log2(n) rounds with ranks numbered node by node
+                        if count > 0
+                            && layout
+                                .nodes
+                                .iter()
+                                .flatten()
+                                .enumerate()
+                                .all(|(i, &r)| i == r)
+                        {
+                            for q in &p {
+                                assert_eq!(
+                                    q.steps.len(),
+                                    n.trailing_zeros() as usize,
+                                    "{kind} n={n}"
+                                );
+                            }
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert!(cases > 100, "{cases}");
     }
 
     #[test]
