@@ -269,7 +269,7 @@ impl Inner {
             );
         }
         // Broadcast, reduce and all-to-all on one node, by measurement (4 ranks on 2 cores,
-        // railperf with RAILRING_ALGO forced, docs/railrun.md "Algorithms"): the fabric's
+        // railperf with RAILRING_ALGO forced; README "Scoreboard"): the fabric's
         // broadcast from 32 KiB (2 MiB: 0.42 ms against the ring's 0.71 and the tree's 1.05),
         // the pipelined ring below (0.5-1 µs for tiny calls); the fabric's reduce at every
         // size; the fabric's all-to-all for blocks under 32 KiB (64 B: 5 µs against 13 µs
