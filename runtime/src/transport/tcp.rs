@@ -210,16 +210,7 @@ impl TcpNet {
         timeout: Duration,
         streams: usize,
     ) -> io::Result<TcpLink> {
-        let dial = Dial {
-            comm: id.comm,
-            me: id.me,
-            chan: id.chan,
-            rails,
-            peer_addrs,
-            timeout,
-            retry_refused: true,
-        };
-        self.dial(&dial, streams)
+        self.dial_link(id, rails, peer_addrs, (timeout, true), streams)
     }
 
     /// [`Self::connect`] for a link moving to another rail (`transport::failover`): one try per
@@ -232,6 +223,19 @@ impl TcpNet {
         timeout: Duration,
         streams: usize,
     ) -> io::Result<TcpLink> {
+        self.dial_link(id, rails, peer_addrs, (timeout, false), streams)
+    }
+
+    /// [`Self::connect`] and [`Self::connect_once`]: `retry_refused` says whether a refused
+    /// connect is tried again until the timeout.
+    fn dial_link(
+        &self,
+        id: LinkId,
+        rails: &[usize],
+        peer_addrs: &[RailAddr],
+        (timeout, retry_refused): (Duration, bool),
+        streams: usize,
+    ) -> io::Result<TcpLink> {
         let dial = Dial {
             comm: id.comm,
             me: id.me,
@@ -239,7 +243,7 @@ impl TcpNet {
             rails,
             peer_addrs,
             timeout,
-            retry_refused: false,
+            retry_refused,
         };
         self.dial(&dial, streams)
     }
