@@ -3,20 +3,11 @@
 //! Needs root; prints SKIPPED otherwise (and fails under CI).
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
-use std::process::Stdio;
 
 const COLLCHECK: &str = env!("CARGO_BIN_EXE_rr-collcheck");
 
 fn railrun_on_head(c: &Cluster, hostfile: &str, np: &str, extra: &[&str]) -> std::process::Output {
-    let bin = railring_tests::bins::railrun()
-        .to_str()
-        .unwrap()
-        .to_string();
-    let ssh = c.ssh_command();
     let mut argv: Vec<&str> = vec![
-        &bin,
-        "--ssh",
-        &ssh,
         "--connect-timeout",
         "15",
         "--timeout",
@@ -28,11 +19,9 @@ fn railrun_on_head(c: &Cluster, hostfile: &str, np: &str, extra: &[&str]) -> std
     ];
     argv.extend_from_slice(&["-x", "RAILRING_SOCKET_IFNAME=rail"]);
     argv.extend_from_slice(extra);
-    let mut cmd = c.exec("head", &argv);
-    cmd.env_remove("SLURM_JOB_NODELIST")
-        .env_remove("RAILRUN_SSH")
-        .stdin(Stdio::null());
-    cmd.output().expect("run railrun on head")
+    c.railrun_on("head", &[], &argv)
+        .output()
+        .expect("run railrun on head")
 }
 
 #[test]

@@ -5,29 +5,20 @@
 //! otherwise (and fails under CI).
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn doctor(c: &Cluster, dir: &std::path::Path) -> (i32, String, serde_json::Value, Duration) {
-    let bin = railring_tests::bins::railrun()
-        .to_str()
-        .unwrap()
-        .to_string();
     let hf = c.hostfile(1).expect("hostfile");
-    let ssh = c.ssh_command();
     let json = dir.join("doctor.json");
     let svg = dir.join("doctor.svg");
     let _ = std::fs::remove_file(&json);
     let _ = std::fs::remove_file(&svg);
     let t = Instant::now();
     let out = c
-        .exec(
+        .railrun_on(
             "head",
+            &["doctor"],
             &[
-                &bin,
-                "doctor",
-                "--ssh",
-                &ssh,
                 "--hostfile",
                 hf.to_str().unwrap(),
                 "--ifname",
@@ -40,9 +31,6 @@ fn doctor(c: &Cluster, dir: &std::path::Path) -> (i32, String, serde_json::Value
                 svg.to_str().unwrap(),
             ],
         )
-        .env_remove("SLURM_JOB_NODELIST")
-        .env_remove("RAILRUN_SSH")
-        .stdin(Stdio::null())
         .output()
         .expect("railrun doctor");
     let took = t.elapsed();
@@ -92,8 +80,13 @@ fn doctor_names_exactly_the_slow_the_mismatched_and_the_down() {
     })
     .expect("cluster up");
     let dir = c.dir().to_path_buf();
-    // healthy
-    let (code, so, js, _) = doctor(&c, &dir);
+    // healthy (one more sweep if the first named something: a 0.3 s test on this shared 2-core
+    // machine is sometimes > 20 % below the median for no reason of the network's)
+    let (mut code, mut so, mut js, _) = doctor(&c, &dir);
+    if code != 0 {
+        eprintln!("healthy cluster, first sweep named something; sweeping again:\n{so}");
+        (code, so, js, _) = doctor(&c, &dir);
+    }
     assert_eq!(code, 0, "{so}");
     assert!(so.contains("findings: none"), "{so}");
     assert_eq!(js["nodes"].as_array().unwrap().len(), 4);

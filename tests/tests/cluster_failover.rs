@@ -24,18 +24,10 @@ fn railrun_cmd_ifname(
     env: &[&str],
     prog: &[&str],
 ) -> std::process::Command {
-    let bin = railring_tests::bins::railrun()
-        .to_str()
-        .unwrap()
-        .to_string();
     let hf = c
         .hostfile(np.parse::<usize>().unwrap().div_ceil(2))
         .expect("hostfile");
-    let ssh = c.ssh_command();
     let mut argv: Vec<String> = vec![
-        bin,
-        "--ssh".into(),
-        ssh,
         "--connect-timeout".into(),
         "15".into(),
         "--timeout".into(),
@@ -53,11 +45,7 @@ fn railrun_cmd_ifname(
     }
     argv.extend(prog.iter().map(|s| s.to_string()));
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    let mut cmd = c.exec("head", &argv);
-    cmd.env_remove("SLURM_JOB_NODELIST")
-        .env_remove("RAILRUN_SSH")
-        .stdin(Stdio::null());
-    cmd
+    c.railrun_on("head", &[], &argv)
 }
 
 #[test]

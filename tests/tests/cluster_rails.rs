@@ -6,20 +6,12 @@
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
 use std::path::PathBuf;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 const COLLCHECK: &str = env!("CARGO_BIN_EXE_rr-collcheck");
 
 fn railrun_on_head(c: &Cluster, args: &[&str]) -> Output {
-    let bin = railring_tests::bins::railrun()
-        .to_str()
-        .unwrap()
-        .to_string();
-    let ssh = c.ssh_command();
     let mut argv: Vec<&str> = vec![
-        &bin,
-        "--ssh",
-        &ssh,
         "--connect-timeout",
         "15",
         "--timeout",
@@ -30,11 +22,8 @@ fn railrun_on_head(c: &Cluster, args: &[&str]) -> Output {
         "RAILRING_DEBUG_SUBSYS=net",
     ];
     argv.extend_from_slice(args);
-    let mut cmd = c.exec("head", &argv);
-    cmd.env_remove("SLURM_JOB_NODELIST")
-        .env_remove("RAILRUN_SSH")
-        .env_remove("RAILRING_SOCKET_IFNAME")
-        .stdin(Stdio::null());
+    let mut cmd = c.railrun_on("head", &[], &argv);
+    cmd.env_remove("RAILRING_SOCKET_IFNAME");
     cmd.output().expect("run railrun on head")
 }
 

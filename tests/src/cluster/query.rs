@@ -103,6 +103,27 @@ impl Cluster {
         self.exec_os(host, argv)
     }
 
+    /// railrun on `host` talking to the cluster over its ssh: `railrun BEFORE... --ssh CMD
+    /// ARGS...` (BEFORE: a sub-command such as `doctor`, or nothing), with stdin closed and no
+    /// Slurm node list or `RAILRUN_SSH` from the test's environment.
+    pub fn railrun_on(&self, host: &str, before: &[&str], args: &[&str]) -> Command {
+        let bin = crate::bins::railrun()
+            .to_str()
+            .expect("utf-8 path")
+            .to_string();
+        let ssh = self.ssh_command();
+        let mut argv: Vec<&str> = vec![&bin];
+        argv.extend_from_slice(before);
+        argv.extend_from_slice(&["--ssh", &ssh]);
+        argv.extend_from_slice(args);
+        let mut cmd = self.exec(host, &argv);
+        cmd.env_remove("SLURM_JOB_NODELIST")
+            .env_remove("SLURM_NODELIST")
+            .env_remove("RAILRUN_SSH")
+            .stdin(std::process::Stdio::null());
+        cmd
+    }
+
     /// Like [`Cluster::exec`] for non-UTF-8 arguments.
     pub fn exec_os<S: AsRef<OsStr>>(&self, host: &str, argv: &[S]) -> Command {
         let h = self.host(host);
