@@ -477,6 +477,8 @@ pub struct TcpLink {
     s: Vec<TcpStream>,
     /// The rail (index into [`TcpNet::rails`]) each connection is on.
     on: Vec<usize>,
+    /// The rails of `on`, each once, in connection order.
+    distinct: Vec<usize>,
     desc: String,
     sent: u64,
     received: u64,
@@ -493,9 +495,16 @@ impl TcpLink {
             c.set_read_timeout(None)?;
             c.set_nonblocking(true)?;
         }
+        let mut distinct: Vec<usize> = Vec::new();
+        for &r in &on {
+            if !distinct.contains(&r) {
+                distinct.push(r);
+            }
+        }
         Ok(TcpLink {
             s,
             on,
+            distinct,
             desc,
             sent: 0,
             received: 0,
@@ -608,14 +617,8 @@ impl TcpLink {
     }
 
     /// The rails this link's connections are on, each once, in connection order.
-    pub fn rails(&self) -> Vec<usize> {
-        let mut v: Vec<usize> = Vec::new();
-        for &r in &self.on {
-            if !v.contains(&r) {
-                v.push(r);
-            }
-        }
-        v
+    pub fn rails(&self) -> &[usize] {
+        &self.distinct
     }
 
     /// The rail of the connection that last reported an error (a link over several rails).

@@ -413,7 +413,7 @@ impl LinkState {
     pub(super) fn trouble(&mut self) -> Option<(usize, String)> {
         let retry = retry_after(self.ctx.rail_timeout);
         let mut down = false;
-        for r in self.conn.rails() {
+        for &r in self.conn.rails() {
             let ifname = self.ctx.ifname(r);
             if iface_state(&ifname) == Some(false) {
                 down = true;

@@ -162,7 +162,7 @@ impl LinkState {
         // the link's home is the rail the connecting side chose
         let rail = Self::rail_of(&ctx.net, &conn, ctx.home);
         ctx.home = rail;
-        ctx.spread = conn.rails();
+        ctx.spread = conn.rails().to_vec();
         LinkState::new(ctx, conn, rail)
     }
 
