@@ -80,6 +80,30 @@ fn failed(e: Error) -> Pending<()> {
 /// Inputs and outputs may not overlap (checked: overlapping regions fail the call).
 #[doc(hidden)]
 impl Communicator {
+    /// Check that `len` is whole elements of `dtype`, then run `f` on the caller's `len` bytes at
+    /// `buf` in call order, dropping `keep` after it.
+    ///
+    /// # Safety
+    /// See the impl block.
+    unsafe fn in_place(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        dtype: DataType,
+        keep: KeepAlive,
+        f: impl FnOnce(&mut super::call::Inner, &mut [u8]) -> Result<()> + Send + 'static,
+    ) -> Pending<()> {
+        if let Err(e) = whole(len, dtype) {
+            return failed(e);
+        }
+        let b = Region { ptr: buf, len };
+        self.submit(move |g| {
+            let _keep = keep;
+            // SAFETY: the caller's contract.
+            f(g, unsafe { b.bytes_mut() })
+        })
+    }
+
     /// In-place all-reduce of `len` bytes at `buf`.
     ///
     /// # Safety
@@ -92,15 +116,12 @@ impl Communicator {
         op: ReduceOp,
         keep: KeepAlive,
     ) -> Pending<()> {
-        if let Err(e) = whole(len, dtype) {
-            return failed(e);
+        // SAFETY: the caller's contract (see the impl block).
+        unsafe {
+            self.in_place(buf, len, dtype, keep, move |g, b| {
+                g.all_reduce(b, dtype, op)
+            })
         }
-        let b = Region { ptr: buf, len };
-        self.submit(move |g| {
-            let _keep = keep;
-            // SAFETY: the caller's contract.
-            g.all_reduce(unsafe { b.bytes_mut() }, dtype, op)
-        })
     }
 
     /// Out-of-place all-reduce: `output` receives the reduction of every rank's `input`.
@@ -150,15 +171,12 @@ impl Communicator {
         op: ReduceOp,
         keep: KeepAlive,
     ) -> Pending<()> {
-        if let Err(e) = whole(len, dtype) {
-            return failed(e);
+        // SAFETY: the caller's contract (see the impl block).
+        unsafe {
+            self.in_place(buf, len, dtype, keep, move |g, b| {
+                g.reduce_scatter(b, dtype, op)
+            })
         }
-        let b = Region { ptr: buf, len };
-        self.submit(move |g| {
-            let _keep = keep;
-            // SAFETY: the caller's contract.
-            g.reduce_scatter(unsafe { b.bytes_mut() }, dtype, op)
-        })
     }
 
     /// In-place all-gather: this rank's block of `buf` is its contribution.
@@ -172,15 +190,8 @@ impl Communicator {
         dtype: DataType,
         keep: KeepAlive,
     ) -> Pending<()> {
-        if let Err(e) = whole(len, dtype) {
-            return failed(e);
-        }
-        let b = Region { ptr: buf, len };
-        self.submit(move |g| {
-            let _keep = keep;
-            // SAFETY: the caller's contract.
-            g.all_gather(unsafe { b.bytes_mut() }, dtype)
-        })
+        // SAFETY: the caller's contract (see the impl block).
+        unsafe { self.in_place(buf, len, dtype, keep, move |g, b| g.all_gather(b, dtype)) }
     }
 
     /// Broadcast `root`'s `buf`.
@@ -195,15 +206,12 @@ impl Communicator {
         root: usize,
         keep: KeepAlive,
     ) -> Pending<()> {
-        if let Err(e) = whole(len, dtype) {
-            return failed(e);
+        // SAFETY: the caller's contract (see the impl block).
+        unsafe {
+            self.in_place(buf, len, dtype, keep, move |g, b| {
+                g.broadcast(b, dtype, root)
+            })
         }
-        let b = Region { ptr: buf, len };
-        self.submit(move |g| {
-            let _keep = keep;
-            // SAFETY: the caller's contract.
-            g.broadcast(unsafe { b.bytes_mut() }, dtype, root)
-        })
     }
 
     /// In-place reduce to `root` (non-root buffers are scratch).
@@ -219,15 +227,12 @@ impl Communicator {
         root: usize,
         keep: KeepAlive,
     ) -> Pending<()> {
-        if let Err(e) = whole(len, dtype) {
-            return failed(e);
+        // SAFETY: the caller's contract (see the impl block).
+        unsafe {
+            self.in_place(buf, len, dtype, keep, move |g, b| {
+                g.reduce(b, dtype, op, root)
+            })
         }
-        let b = Region { ptr: buf, len };
-        self.submit(move |g| {
-            let _keep = keep;
-            // SAFETY: the caller's contract.
-            g.reduce(unsafe { b.bytes_mut() }, dtype, op, root)
-        })
     }
 
     /// All-to-all from `input` into `output` (both `len` bytes, `size` blocks).
