@@ -87,24 +87,14 @@ fn railrun() -> Command {
 }
 
 /// Run `cmd` with a limit; the output, and how long it took.
-fn run(mut cmd: Command, limit: Duration, what: &str) -> (Output, Duration) {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+fn run(cmd: Command, limit: Duration, what: &str) -> (Output, Duration) {
     let t0 = Instant::now();
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
-    let (o, e) = collect(&mut child);
-    let Some(status) = wait_timeout(&mut child, limit) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!(
-            "{what} did not finish within {limit:?}; stderr: {}",
-            e.join().unwrap()
-        );
-    };
-    let out = Output {
-        status,
-        stdout: o.join().unwrap().into_bytes(),
-        stderr: e.join().unwrap().into_bytes(),
-    };
+    let (out, ended) = run_or_stop(cmd, limit);
+    assert!(
+        ended,
+        "{what} did not finish within {limit:?}; stderr: {}",
+        text(&out.stderr)
+    );
     (out, t0.elapsed())
 }
 
@@ -260,14 +250,9 @@ fn mpich_program_across_cluster_hosts() {
     })
     .unwrap_or_else(|e| panic!("{test}: cluster up: {e}"));
     let hf = c.hostfile(2).unwrap();
-    let ssh = c.ssh_command();
-    let rr = bins::railrun().to_str().unwrap().to_string();
     // UCX (MPICH's network layer) over TCP on the rail: the emulated hosts share one kernel,
     // and UCX's shared-memory transports would otherwise carry data between them.
     let argv = [
-        rr.as_str(),
-        "--ssh",
-        &ssh,
         "--connect-timeout",
         "15",
         "--hostfile",
@@ -283,25 +268,15 @@ fn mpich_program_across_cluster_hosts() {
         "300000",
     ];
     let (tx0, _) = c.rail_bytes("n1", 0).unwrap();
-    let mut cmd = c.exec("head", &argv);
-    cmd.env_remove("SLURM_JOB_NODELIST")
-        .env_remove("SLURM_NODELIST")
-        .env_remove("RAILRUN_SSH")
-        .stdin(Stdio::null());
-    let (mut o, mut ended) = run_or_stop(cmd, Duration::from_secs(60));
+    let (mut o, mut ended) = run_or_stop(c.railrun_on("head", &[], &argv), Duration::from_secs(60));
     if !ended {
         // Debian's MPICH 4.0.2 over UCX/TCP sometimes hangs between these emulated hosts (one
         // rank spinning in UCX, e.g. in MPI_Finalize, the others waiting in the PMI barrier),
         // under MPICH's own mpiexec too. Accept a hang only when mpiexec.mpich hangs on the same
         // hosts; when it finishes, railrun gets one more try and must finish.
         if hydra_finishes(&c, &prog) {
-            let mut cmd = c.exec("head", &argv);
-            cmd.env_remove("SLURM_JOB_NODELIST")
-                .env_remove("SLURM_NODELIST")
-                .env_remove("RAILRUN_SSH")
-                .stdin(Stdio::null());
             let first = o;
-            (o, ended) = run_or_stop(cmd, Duration::from_secs(60));
+            (o, ended) = run_or_stop(c.railrun_on("head", &[], &argv), Duration::from_secs(60));
             assert!(
                 ended,
                 "railrun hung twice (stopped after 60 s each) where mpiexec.mpich finished:\n{}\n{}\nsecond try:\n{}\n{}",
