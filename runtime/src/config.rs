@@ -36,6 +36,10 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// `RAILRING_SHM_SLOT` (bytes, default 1 MiB): size of one shared-memory staging slot per rank.
     pub shm_slot: usize,
+    /// `RAILRING_SHM_SINGLE_COPY` (`auto` default, `off`): large in-node all-to-all, all-gather
+    /// and broadcast read peers' buffers directly (`process_vm_readv`, one copy instead of two
+    /// through the staging slots) when every local rank can read every other's memory.
+    pub shm_single_copy: bool,
     /// `RAILRING_NET_CHUNK` (bytes, default 512 KiB): pipelining chunk on network links.
     pub net_chunk: usize,
     /// `RAILRING_CONNECT_TIMEOUT` (seconds, default 30): bootstrap and data-plane connects.
@@ -166,6 +170,20 @@ pub fn log_color() -> Result<bool> {
     }
 }
 
+/// `RAILRING_SHM_SINGLE_COPY`: `auto` (default) tries the single-copy path, `off` never does.
+fn single_copy() -> Result<bool> {
+    match var(vars::SHM_SINGLE_COPY).map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(true),
+        Some(v) if ["auto", "1", "on", "yes"].contains(&v.as_str()) => Ok(true),
+        Some(v) if ["off", "0", "no", "never"].contains(&v.as_str()) => Ok(false),
+        Some(v) => Err(Error::Env {
+            var: vars::SHM_SINGLE_COPY.into(),
+            value: v,
+            why: "expected auto or off".into(),
+        }),
+    }
+}
+
 /// The server address of `SSH_CONNECTION` (`client-ip client-port server-ip server-port`, set
 /// by OpenSSH for the processes it starts): this node's management interface, which the
 /// automatic rail choice leaves out (`transport::rails`).
@@ -261,6 +279,7 @@ impl Config {
             algo,
             socket_ifname: var(vars::SOCKET_IFNAME),
             shm_slot: parse_num(vars::SHM_SLOT, 1 << 20, 4096, 1 << 30)? as usize,
+            shm_single_copy: single_copy()?,
             net_chunk: parse_num(vars::NET_CHUNK, 512 << 10, 4096, MAX_NET_CHUNK)? as usize,
             net_streams: parse_num(vars::NET_STREAMS, 1, 1, MAX_STREAMS as u64)? as usize,
             rails_per_rank: parse_num(vars::RAILS_PER_RANK, 0, 0, MAX_STREAMS as u64)? as usize,

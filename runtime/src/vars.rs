@@ -125,6 +125,9 @@ pub const COST: &str = "RAILRING_COST";
 pub const SOCKET_IFNAME: &str = "RAILRING_SOCKET_IFNAME";
 /// Bytes of one shared-memory staging slot. Set by the user; read by `config`.
 pub const SHM_SLOT: &str = "RAILRING_SHM_SLOT";
+/// `auto` or `off`: in-node collectives reading peers' buffers directly (`process_vm_readv`).
+/// Set by the user; read by `config`, used by `comm::setup` and `transport::shm`.
+pub const SHM_SINGLE_COPY: &str = "RAILRING_SHM_SINGLE_COPY";
 /// Bytes per pipelined chunk on network links. Set by the user; read by `config`.
 pub const NET_CHUNK: &str = "RAILRING_NET_CHUNK";
 /// TCP connections per peer and rail (1-16). Set by the user; read by `config`.
@@ -199,6 +202,7 @@ mod tests {
             ("COST", COST),
             ("SOCKET_IFNAME", SOCKET_IFNAME),
             ("SHM_SLOT", SHM_SLOT),
+            ("SHM_SINGLE_COPY", SHM_SINGLE_COPY),
             ("NET_CHUNK", NET_CHUNK),
             ("NET_STREAMS", NET_STREAMS),
             ("RAILS_PER_RANK", RAILS_PER_RANK),

@@ -163,6 +163,56 @@ fn every_collective_four_ranks_through_railrun() {
     }
 }
 
+/// The in-node fabric's two paths for large all-to-all, all-gather and broadcast — peers' buffers
+/// read directly (`process_vm_readv`) and the copy through the staging slots — each checked
+/// element by element, with what every rank logs proving which path ran; ranks started with
+/// different settings agree on the staged one.
+#[test]
+fn in_node_single_copy_and_staged_paths_are_both_exact() {
+    let prog = bin("rr-collcheck");
+    let cases = [
+        ("auto", format!("exec {prog} all"), "on"),
+        ("off", format!("exec {prog} all"), "off (RAILRING_SHM_SINGLE_COPY=off)"),
+        // rank 0 alone says off: everyone stages
+        (
+            "auto",
+            format!(
+                "if [ \"$RAILRING_RANK\" = 0 ]; then export RAILRING_SHM_SINGLE_COPY=off; fi; exec {prog} all"
+            ),
+            "off (a peer cannot read its peers' memory, or was told not to)",
+        ),
+    ];
+    for (setting, script, want) in cases {
+        let out = Command::new(railrun())
+            .args(["-np", "4", "sh", "-c", &script])
+            .env("RAILRING_SHM_SINGLE_COPY", setting)
+            .env("RAILRING_DEBUG", "INFO")
+            .env("RAILRING_DEBUG_SUBSYS", "init")
+            .output()
+            .unwrap();
+        let so = String::from_utf8_lossy(&out.stdout);
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{setting} {script}: {so}\n{se}");
+        for r in 0..4 {
+            assert!(so.contains(&format!("OK rank {r} of 4")), "{so}");
+            // the world communicator's line (split communicators log their own after it)
+            let line = se
+                .lines()
+                .find(|l| l.contains("single-copy reads") && l.ends_with(&format!("rank={r}")))
+                .unwrap_or_else(|| panic!("no single-copy line for rank {r}: {se}"));
+            let want = if r == 0 && script.contains("export") {
+                "off (RAILRING_SHM_SINGLE_COPY=off)"
+            } else {
+                want
+            };
+            assert!(
+                line.contains(&format!("(process_vm_readv): {want}")),
+                "rank {r}: {line}"
+            );
+        }
+    }
+}
+
 #[test]
 fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
     // 2 + 2: the two-level algorithm with a TCP ring per local rank

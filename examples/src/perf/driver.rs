@@ -69,6 +69,7 @@ pub fn measure(
         }
     };
     let mut out = b.output.clone();
+    be.expect_calls(o.iters.max(o.warmup));
     run(o.warmup, &mut out)?;
     be.barrier()?;
     let t0 = Instant::now();

@@ -56,6 +56,11 @@ pub trait Backend {
         }
         Ok(())
     }
+    /// Told before the warm-up how many calls one [`Backend::calls`] will make at most, so it
+    /// can make what it needs then, outside the timed calls.
+    fn expect_calls(&self, iters: usize) {
+        let _ = iters;
+    }
     /// How [`Backend::calls`] makes its calls, for the table's header: the default `calls` is
     /// blocking calls back to back.
     fn calls_label(&self, coll: Coll) -> String {

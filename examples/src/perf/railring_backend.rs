@@ -4,7 +4,7 @@
 //!
 //! The `*_start` calls take an owned, typed buffer and work in place, so the non-blocking mode
 //! keeps a pool of such buffers per output buffer (made during the warm-up, from the prepared
-//! data): at most [`NONBLOCKING_BUDGET`] bytes of them, so large sizes have fewer calls in
+//! data, as many as the timed batch will use: [`Backend::expect_calls`]): at most [`NONBLOCKING_BUDGET`] bytes of them, so large sizes have fewer calls in
 //! flight (one at 64 MiB and up). Out of place, each call's buffer first gets a copy of the
 //! input (the input stays untouched, as out-of-place requires). The last call's result is
 //! copied to the output once per batch, so the checked run goes through this mode too.
@@ -25,6 +25,9 @@ pub struct Railring {
     /// The owned buffers of the non-blocking mode: a `Vec<Vec<T>>` made for the output buffer
     /// at this address (a new output buffer, e.g. the checked run's, gets new ones).
     pool: RefCell<Option<(usize, Box<dyn Any>)>>,
+    /// The most calls one batch will make ([`Backend::expect_calls`]): the warm-up makes the
+    /// pool that large, so the timed batch allocates nothing.
+    expected: std::cell::Cell<usize>,
 }
 
 impl Railring {
@@ -32,6 +35,7 @@ impl Railring {
         Railring {
             comm,
             pool: RefCell::new(None),
+            expected: std::cell::Cell::new(0),
         }
     }
 
@@ -52,6 +56,7 @@ impl Railring {
     ) -> Result<(), String> {
         let n = out.len() / std::mem::size_of::<T>();
         let window = Railring::window(iters, out.len());
+        let pool_len = Railring::window(iters.max(self.expected.get()), out.len());
         let mut slot = self.pool.borrow_mut();
         let key = out.as_ptr() as usize;
         let fits = slot
@@ -66,7 +71,7 @@ impl Railring {
         };
         if !fits {
             // In place, every buffer starts as the prepared data (later calls reuse results).
-            let mut bufs = vec![vec![T::default(); n]; window];
+            let mut bufs = vec![vec![T::default(); n]; pool_len];
             for b in &mut bufs {
                 fill(b, &*out);
             }
@@ -184,10 +189,7 @@ impl Backend for Railring {
             }
             Coll::AllToAll => match input {
                 Some(i) => self.comm.all_to_all_raw(i, out, dtype).map_err(e),
-                None => {
-                    let tmp = out.to_vec();
-                    self.comm.all_to_all_raw(&tmp, out, dtype).map_err(e)
-                }
+                None => self.comm.all_to_all_in_place_raw(out, dtype).map_err(e),
             },
             Coll::SendRecv => {
                 let next = (me + 1) % n;
@@ -256,6 +258,9 @@ impl Backend for Railring {
             output.copy_within(me * b..(me + 1) * b, 0);
         }
         r
+    }
+    fn expect_calls(&self, iters: usize) {
+        self.expected.set(iters);
     }
     fn calls_label(&self, coll: Coll) -> String {
         if coll == Coll::SendRecv {

@@ -23,6 +23,8 @@ use std::time::Duration;
 /// first failure): about a second of answer time, so a rank whose store is gone still ends
 /// within a few seconds of its failure.
 const FAIL_PATH_LIMIT: Duration = Duration::from_secs(2);
+/// The largest copy an in-place all-to-all keeps for the next call (bytes).
+const INPLACE_KEEP: usize = 64 << 20;
 
 /// The receive-reduce chunk of one call: `RAILRING_NET_CHUNK`, but never more than the call's
 /// buffer (rounded up to 4 KiB), so the staging area a call grows is sized by the call, not by
@@ -82,6 +84,9 @@ pub(crate) struct Inner {
     plans: HashMap<(CollKind, Algo, usize, usize), Arc<Plan>>,
     choices: HashMap<(CollKind, usize, usize, usize), (Algo, String)>,
     pub(super) staging: Vec<u64>,
+    /// The copy of the buffer an in-place all-to-all sends from (kept between calls up to
+    /// [`INPLACE_KEEP`] bytes).
+    inplace_copy: Vec<u8>,
     pub(super) poisoned: Option<String>,
     pub(super) split_seq: u64,
     /// The rail (index into the TCP rails) this rank's network traffic uses.
@@ -118,6 +123,7 @@ impl Inner {
             plans: HashMap::new(),
             choices: HashMap::new(),
             staging: Vec::new(),
+            inplace_copy: Vec::new(),
             poisoned: None,
             split_seq: 0,
             rail: 0,
@@ -273,14 +279,16 @@ impl Inner {
         // broadcast from 32 KiB (2 MiB: 0.42 ms against the ring's 0.71 and the tree's 1.05),
         // the pipelined ring below (0.5-1 µs for tiny calls); the fabric's reduce at every
         // size; the fabric's all-to-all for blocks under 32 KiB (64 B: 5 µs against 13 µs
-        // pairwise), pairwise above (each block crosses shared memory once instead of twice).
+        // pairwise) and, where its ranks read each other's buffers (single copy), at every
+        // size; else pairwise above (each block crosses shared memory once instead of twice).
         if self.layout.nodes.len() == 1 && self.layout.size() > 1 {
             let bytes = count.saturating_mul(esz);
+            let single_copy = self.fabric.as_ref().is_some_and(|f| f.single_copy());
             let pick = match kind {
                 CollKind::Broadcast if bytes >= 32 << 10 => Some(Algo::TwoLevel),
                 CollKind::Broadcast => Some(Algo::Ring),
                 CollKind::Reduce => Some(Algo::TwoLevel),
-                CollKind::AllToAll if bytes < 32 << 10 => Some(Algo::TwoLevel),
+                CollKind::AllToAll if bytes < 32 << 10 || single_copy => Some(Algo::TwoLevel),
                 CollKind::AllToAll => Some(Algo::Pairwise),
                 _ => None,
             };
@@ -636,6 +644,20 @@ impl Inner {
             output,
             input,
         )
+    }
+
+    /// All-to-all in place: `buf`'s blocks are sent, then replaced by the received ones. The
+    /// blocks to send are first copied aside (as MPI's `MPI_IN_PLACE` all-to-all does), into a
+    /// buffer kept for the next call.
+    pub(super) fn all_to_all_in_place(&mut self, buf: &mut [u8], dtype: DataType) -> Result<()> {
+        let mut copy = std::mem::take(&mut self.inplace_copy);
+        copy.clear();
+        copy.extend_from_slice(buf);
+        let r = self.all_to_all(&copy, buf, dtype);
+        if copy.capacity() <= INPLACE_KEEP {
+            self.inplace_copy = copy;
+        }
+        r
     }
 
     pub(super) fn barrier(&mut self) -> Result<()> {

@@ -310,17 +310,32 @@ impl Communicator {
         self.blocking(|g| g.all_to_all(as_bytes(input), as_bytes_mut(output), T::DTYPE))
     }
 
-    pub fn all_to_all_start<T: Element>(&self, input: Vec<T>) -> Pending<Vec<T>> {
-        let mut out = vec![T::default(); input.len()];
+    /// All-to-all in place: `buf` holds `size` blocks (block j goes to rank j) and receives
+    /// `size` blocks (block j from rank j). The blocks to send are copied aside first, into a
+    /// buffer the communicator keeps for the next call.
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.size();
+        if !buf.len().is_multiple_of(n) {
+            return Err(Error::Invalid(format!(
+                "all_to_all_in_place: {} elements are not divisible by {n}",
+                buf.len()
+            )));
+        }
+        self.blocking(|g| g.all_to_all_in_place(as_bytes_mut(buf), T::DTYPE))
+    }
+
+    /// All-to-all of `buf` (as [`Communicator::all_to_all_in_place`]), started now: the same
+    /// vector comes back holding the received blocks.
+    pub fn all_to_all_start<T: Element>(&self, mut buf: Vec<T>) -> Pending<Vec<T>> {
         let n = self.size();
         self.submit(move |g| {
-            if !input.len().is_multiple_of(n) {
+            if !buf.len().is_multiple_of(n) {
                 return Err(Error::Invalid(
                     "all_to_all: length not divisible by the world size".into(),
                 ));
             }
-            g.all_to_all(as_bytes(&input), as_bytes_mut(&mut out), T::DTYPE)
-                .map(|_| out)
+            g.all_to_all_in_place(as_bytes_mut(&mut buf), T::DTYPE)
+                .map(|_| buf)
         })
     }
 

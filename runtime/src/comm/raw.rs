@@ -72,6 +72,16 @@ impl Communicator {
         }
         self.blocking(|g| g.all_to_all(input, output, dtype))
     }
+    /// [`Communicator::all_to_all_in_place`] on bytes of `dtype`.
+    pub fn all_to_all_in_place_raw(&self, buf: &mut [u8], dtype: DataType) -> Result<()> {
+        Self::check_len(buf, dtype)?;
+        if !(buf.len() / dtype.size()).is_multiple_of(self.size()) {
+            return Err(Error::Invalid(
+                "all_to_all_in_place: the buffer must be divisible by the world size".into(),
+            ));
+        }
+        self.blocking(|g| g.all_to_all_in_place(buf, dtype))
+    }
     pub fn send_recv_raw(
         &self,
         send: &[u8],

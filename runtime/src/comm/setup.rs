@@ -366,7 +366,59 @@ impl Communicator {
         if store.add(&format!("c{comm:x}/shm-mapped/{key}"), 1)? == local.len() as i64 {
             let _ = std::fs::remove_file(&path);
         }
+        if local.len() > 1 {
+            Self::agree_single_copy(store, &format!("c{comm:x}/shm-read/{key}"), &node, cfg)?;
+        }
         Ok(node)
+    }
+
+    /// Agree with the node's other ranks whether each can read every other's memory
+    /// (`process_vm_readv`; a seccomp filter, a ptrace restriction or separate PID namespaces
+    /// forbid it): each publishes where its probe token lives, reads every peer's, and
+    /// publishes its verdict; the fabric copies once only when every verdict is yes, so all
+    /// local ranks take the same path. A rank told `RAILRING_SHM_SINGLE_COPY=off` still takes
+    /// part (it says no), so ranks started with different settings agree too.
+    fn agree_single_copy(store: &StoreClient, base: &str, node: &Node, cfg: &Config) -> Result<()> {
+        let (l, me) = (node.geo.local_size, node.me);
+        let (pid, addr, token) = node.probe();
+        store.set(
+            &format!("{base}/probe/{me}"),
+            format!("{pid} {addr:x} {token:x}").as_bytes(),
+        )?;
+        let mut ok = cfg.shm_single_copy;
+        for j in (0..l).filter(|&j| j != me && cfg.shm_single_copy) {
+            let v = store.get(&format!("{base}/probe/{j}"), cfg.timeout)?;
+            let v = String::from_utf8_lossy(&v);
+            let mut w = v.split_whitespace();
+            let probe = (|| {
+                let pid = w.next()?.parse::<u32>().ok()?;
+                let addr = usize::from_str_radix(w.next()?, 16).ok()?;
+                let token = u64::from_str_radix(w.next()?, 16).ok()?;
+                Some((pid, addr, token))
+            })();
+            ok &= probe.is_some_and(|p| node.can_read(j, p));
+        }
+        store.set(&format!("{base}/ok/{me}"), if ok { b"1" } else { b"0" })?;
+        let mut all = ok;
+        for j in (0..l).filter(|&j| j != me) {
+            all &= store.get(&format!("{base}/ok/{j}"), cfg.timeout)? == b"1";
+        }
+        node.set_single_copy(all);
+        tracing::info!(
+            target: "railring::init",
+            rank = node.ranks[me],
+            "in-node single-copy reads (process_vm_readv): {}",
+            if all {
+                "on"
+            } else if !cfg.shm_single_copy {
+                "off (RAILRING_SHM_SINGLE_COPY=off)"
+            } else if ok {
+                "off (a peer cannot read its peers' memory, or was told not to)"
+            } else {
+                "off (this rank cannot read a peer's memory: process_vm_readv refused)"
+            }
+        );
+        Ok(())
     }
 
     /// The communicator of `rank` (ranks and nodes as `layout` says, this rank on node

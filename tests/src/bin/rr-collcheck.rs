@@ -135,13 +135,21 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
             .collect();
         let mut a2a_out = vec![T::default(); count * n];
         c.all_to_all(&a2a_in, &mut a2a_out).unwrap();
-        check(&format!("all_to_all {ty} {count}"), &a2a_out, |i| {
+        let a2a_want = |i: usize| {
             Some(T::from_i64(val(
                 i / count.max(1),
                 me * count + i % count.max(1),
                 op,
             )))
-        });
+        };
+        check(&format!("all_to_all {ty} {count}"), &a2a_out, a2a_want);
+        let mut a2a_buf = a2a_in.clone();
+        c.all_to_all_in_place(&mut a2a_buf).unwrap();
+        check(
+            &format!("all_to_all_in_place {ty} {count}"),
+            &a2a_buf,
+            a2a_want,
+        );
         // send/recv around the ring, and send_recv
         let next = (me + 1) % n;
         let prev = (me + n - 1) % n;
@@ -188,6 +196,7 @@ fn main() {
                 n + 1,
                 13,
                 1000,
+                4099,
                 70_001,
             ];
             suite::<f32>(&c, &sizes);
@@ -231,6 +240,15 @@ fn main() {
                     Some(expect::<f32>(n, i, ReduceOp::Sum))
                 });
             }
+            // non-blocking all-to-all: the vector comes back holding the received blocks
+            let k = 5000;
+            let a2a: Vec<u32> = (0..k * n)
+                .map(|i| val(me, i, ReduceOp::Sum) as u32)
+                .collect();
+            let got = c.all_to_all_start(a2a).wait().unwrap();
+            check("all_to_all_start", &got, |i| {
+                Some(val(i / k, me * k + i % k, ReduceOp::Sum) as u32)
+            });
             c.barrier().unwrap();
             c.barrier_start().wait().unwrap();
             // split: even and odd ranks, reversed order by key

@@ -14,6 +14,12 @@ use std::time::{Duration, Instant};
 const STREAM_MIN: usize = 8 << 20;
 /// Bytes of a small all-reduce carried inside the header line.
 const SMALL_INLINE: usize = SMALL_HDR - 16;
+/// All-to-all, all-gather and broadcast calls whose largest block is at least this many bytes
+/// read peers' buffers directly when the node agreed it can ([`Node::single_copy`]); below it a
+/// system call per block costs more than the second copy through a staging slot.
+pub const SINGLE_COPY_MIN: usize = 16 << 10;
+/// A scratch buffer (in-place single-copy all-to-all) larger than this is freed after the call.
+const SCRATCH_KEEP: usize = 64 << 20;
 
 /// A 64-bit digest of a call descriptor: equal descriptors give equal digests; a difference is
 /// then confirmed on the full descriptors.
@@ -35,6 +41,8 @@ pub struct ShmFabric {
     /// Spins, then yields, before sleeping on the bell; short when ranks outnumber CPUs.
     spin_limit: u32,
     yield_limit: u32,
+    /// Where an in-place single-copy all-to-all collects the peers' blocks.
+    scratch: Vec<u8>,
 }
 
 /// What to call a local index in errors.
@@ -61,6 +69,7 @@ impl ShmFabric {
             rank,
             spin_limit,
             yield_limit,
+            scratch: Vec::new(),
         }
     }
 
@@ -192,6 +201,20 @@ impl ShmFabric {
                 return self.small_allreduce(&call, src.add(base), work.add(base), bytes);
             }
         }
+        if mode == NodeMode::AllToAll && slices.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Err(Error::Plan(
+                "in-node all-to-all with blocks of different lengths".into(),
+            ));
+        }
+        if self.node.single_copy()
+            && matches!(
+                mode,
+                NodeMode::AllToAll | NodeMode::AllGather | NodeMode::Broadcast { .. }
+            )
+            && slices.iter().map(|s| s.1).max().unwrap_or(0) >= SINGLE_COPY_MIN
+        {
+            return self.single_copy(&call);
+        }
         let mode = if let NodeMode::AllReduceSmall = mode {
             NodeMode::AllReduce
         } else {
@@ -225,11 +248,6 @@ impl ShmFabric {
         let nchunks = max_elems.div_ceil(cap_elems).max(1);
         if mode == NodeMode::AllReduce {
             return self.allreduce_chunks(&call, src, piece_cap, nchunks, stream);
-        }
-        if mode == NodeMode::AllToAll && slices.windows(2).any(|w| w[0].1 != w[1].1) {
-            return Err(Error::Plan(
-                "in-node all-to-all with blocks of different lengths".into(),
-            ));
         }
         for c in 0..nchunks {
             self.gen += 1;
@@ -319,6 +337,139 @@ impl ShmFabric {
                 NodeMode::AllReduce | NodeMode::AllReduceSmall => {
                     unreachable!("handled above")
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// All-to-all, all-gather or broadcast in one generation, each block copied once: every
+    /// rank publishes where its input is (in its slot's header line, beside the generation),
+    /// then reads what it needs straight from the peers' buffers (`process_vm_readv`), then
+    /// says it is done; a rank whose buffer others read returns only after every reader is
+    /// done. The node agreed beforehand that every rank can read every other
+    /// ([`Node::single_copy`]), and the choice depends only on the call's shape, so all local
+    /// ranks take this path together. An in-place all-to-all collects the peers' blocks in a
+    /// scratch buffer first (its own buffer is still being read), then copies them over.
+    unsafe fn single_copy(&mut self, call: &NodeOp<'_>) -> Result<()> {
+        let &NodeOp {
+            mode,
+            work,
+            slices,
+            desc,
+            describe,
+            ..
+        } = call;
+        let input = call.input();
+        let l = self.local_size();
+        let me = self.node.me;
+        self.gen += 1;
+        let g = self.gen;
+        let s = (g % NSLOT as u64) as usize;
+        // (slot reuse needs no wait: see run)
+        let addr =
+            |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s).add(16) as *const AtomicU64) };
+        addr(me).store(input as u64, Ordering::Relaxed);
+        self.publish_desc(s, g, desc, false);
+        self.node.ready(me).store(g, Ordering::SeqCst);
+        self.node.ring_bell();
+        self.wait_all("collective (waiting for peers' buffers)", g, |j| {
+            self.node.ready(j)
+        })?;
+        self.check_descs(s, desc, describe)?;
+        let node = self.node.clone();
+        let rank = self.rank;
+        let read = |j: usize, dst: *mut u8, off: usize, n: usize| -> Result<()> {
+            let remote = addr(j).load(Ordering::Relaxed) as usize + off;
+            node.peer_read(j, dst, remote, n).map_err(|e| {
+                if e.raw_os_error() == Some(libc::ESRCH) {
+                    Error::PeerDead {
+                        rank,
+                        peer: who(&node, j),
+                        host: node.host.clone(),
+                        why: "its process exited during an in-node collective".into(),
+                    }
+                } else {
+                    Error::Plan(format!(
+                        "rank {rank}: reading {n} bytes of local rank {}'s buffer \
+                         (process_vm_readv): {e}; RAILRING_SHM_SINGLE_COPY=off avoids it",
+                        who(&node, j)
+                    ))
+                }
+            })
+        };
+        // whose buffers are read by others: everyone's, or the root's alone
+        let read_by_others = match mode {
+            NodeMode::AllToAll | NodeMode::AllGather => true,
+            NodeMode::Broadcast { root } => me == root,
+            _ => unreachable!("single copy serves all-to-all, all-gather and broadcast"),
+        };
+        let mut result = Ok(());
+        match mode {
+            NodeMode::AllToAll if std::ptr::eq(input, work) => {
+                let n = slices[me].1;
+                self.scratch.clear();
+                self.scratch.resize(n * l, 0);
+                for j in (0..l).filter(|&j| j != me) {
+                    result = read(j, self.scratch.as_mut_ptr().add(j * n), slices[me].0, n);
+                    if result.is_err() {
+                        break;
+                    }
+                }
+            }
+            NodeMode::AllToAll => {
+                for j in (0..l).filter(|&j| j != me) {
+                    result = read(j, work.add(slices[j].0), slices[me].0, slices[j].1);
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                let (o, n) = slices[me];
+                std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+            }
+            NodeMode::AllGather => {
+                for j in (0..l).filter(|&j| j != me) {
+                    let (o, n) = slices[j];
+                    result = read(j, work.add(o), o, n);
+                    if result.is_err() {
+                        break;
+                    }
+                }
+                if !std::ptr::eq(input, work) {
+                    let (o, n) = slices[me];
+                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+                }
+            }
+            NodeMode::Broadcast { root } => {
+                let (o, n) = slices[0];
+                if me != root {
+                    result = read(root, work.add(o), o, n);
+                } else if !std::ptr::eq(input, work) {
+                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+                }
+            }
+            _ => unreachable!("see above"),
+        }
+        result?;
+        self.node.reduced(me).store(g, Ordering::SeqCst);
+        self.node.ring_bell();
+        if read_by_others {
+            self.wait_all(
+                "collective (waiting for peers to read this rank's buffer)",
+                g,
+                |j| self.node.reduced(j),
+            )?;
+        }
+        if mode == NodeMode::AllToAll && std::ptr::eq(input, work) {
+            let n = slices[me].1;
+            for j in (0..l).filter(|&j| j != me) {
+                std::ptr::copy_nonoverlapping(
+                    self.scratch.as_ptr().add(j * n),
+                    work.add(slices[j].0),
+                    n,
+                );
+            }
+            if self.scratch.capacity() > SCRATCH_KEEP {
+                self.scratch = Vec::new();
             }
         }
         Ok(())
@@ -561,5 +712,8 @@ impl crate::transport::NodeFabric for ShmFabric {
     }
     unsafe fn node_op(&mut self, call: NodeOp<'_>) -> Result<()> {
         self.run(call)
+    }
+    fn single_copy(&self) -> bool {
+        self.node.single_copy()
     }
 }

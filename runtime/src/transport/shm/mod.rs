@@ -27,7 +27,7 @@ use super::DESC;
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -318,6 +318,12 @@ pub struct Node {
     pub ranks: Vec<usize>,
     pub me: usize,
     pub host: String,
+    /// A value only this process holds, at a fixed address: a peer that reads it through
+    /// `process_vm_readv` and finds it proves it can read this process's memory.
+    token: u64,
+    /// Every local rank agreed it can read every other's memory ([`Node::peer_read`]): the
+    /// fabric's large all-to-all, all-gather and broadcast then copy once (see `fabric.rs`).
+    single_copy: AtomicBool,
 }
 
 impl Node {
@@ -346,6 +352,8 @@ impl Node {
             ranks,
             me,
             host,
+            token: probe_token(),
+            single_copy: AtomicBool::new(false),
         };
         if create {
             // SAFETY: header is inside the mapping; the file was zero-filled by set_len. The
@@ -491,6 +499,84 @@ impl Node {
         }
     }
 
+    /// What a peer needs to check it can read this process's memory: `(pid, address, value)`
+    /// of the token ([`Node::can_read`]).
+    pub fn probe(&self) -> (u32, usize, u64) {
+        (
+            std::process::id(),
+            &self.token as *const u64 as usize,
+            self.token,
+        )
+    }
+
+    /// Can this process read the memory of local rank `i`, which published `probe` (its
+    /// [`Node::probe`])? The pid must be the one in the segment and the token must read back:
+    /// a pid of another PID namespace, a seccomp filter or a ptrace restriction all say no.
+    pub fn can_read(&self, i: usize, probe: (u32, usize, u64)) -> bool {
+        let (pid, addr, token) = probe;
+        if i >= self.geo.local_size || pid == 0 || self.pid(i).load(Ordering::Acquire) != pid {
+            return false;
+        }
+        let mut got = 0u64;
+        // SAFETY: the destination is a local u64; the remote address is only read by the kernel,
+        // which reports a bad one as an error.
+        let r = unsafe { self.peer_read(i, &mut got as *mut u64 as *mut u8, addr, 8) };
+        r.is_ok() && got == token
+    }
+
+    /// Record the node's agreement on single-copy reads (every local rank can read every other).
+    pub fn set_single_copy(&self, on: bool) {
+        self.single_copy.store(on, Ordering::Release);
+    }
+
+    /// Did every local rank agree it can read every other's memory?
+    pub fn single_copy(&self) -> bool {
+        self.single_copy.load(Ordering::Acquire)
+    }
+
+    /// Copy `n` bytes at `remote` in local rank `i`'s address space to `dst`
+    /// (`process_vm_readv`, one copy by the kernel).
+    ///
+    /// # Safety
+    /// `dst` valid for `n` bytes of writes.
+    pub unsafe fn peer_read(
+        &self,
+        i: usize,
+        dst: *mut u8,
+        remote: usize,
+        n: usize,
+    ) -> std::io::Result<()> {
+        let pid = self.pid(i).load(Ordering::Acquire) as libc::pid_t;
+        let mut done = 0usize;
+        while done < n {
+            let local = libc::iovec {
+                iov_base: dst.add(done) as *mut libc::c_void,
+                iov_len: n - done,
+            };
+            let far = libc::iovec {
+                iov_base: remote.wrapping_add(done) as *mut libc::c_void,
+                iov_len: n - done,
+            };
+            // SAFETY: one local iovec inside `dst`; the kernel checks the remote one.
+            let r = libc::process_vm_readv(pid, &local, 1, &far, 1, 0);
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "process_vm_readv read nothing",
+                ));
+            }
+            done += r as usize;
+        }
+        Ok(())
+    }
+
     /// Is local rank `i` still alive?
     pub fn alive(&self, i: usize) -> bool {
         let pid = self.pid(i).load(Ordering::Acquire);
@@ -501,6 +587,20 @@ impl Node {
         let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
         r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
     }
+}
+
+/// A value no other process is likely to hold at the same address (time, pid, a stack address).
+fn probe_token() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let local = 0u8;
+    let mut h = t ^ ((std::process::id() as u64) << 32) ^ (&local as *const u8 as u64);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h | 1
 }
 
 /// Where a node segment lives: `/dev/shm/railring-<job>-<comm>-<node>`.
