@@ -650,6 +650,20 @@ impl Inner {
     /// blocks to send are first copied aside (as MPI's `MPI_IN_PLACE` all-to-all does), into a
     /// buffer kept for the next call.
     pub(super) fn all_to_all_in_place(&mut self, buf: &mut [u8], dtype: DataType) -> Result<()> {
+        // On one node the in-node fabric's all-to-all is the whole plan, and it works in place
+        // (the staging copy reads each chunk in before writing it; the single copy pairs ranks).
+        let count = buf.len() / dtype.size() / self.size.max(1);
+        if self.size > 1
+            && self.layout.nodes.len() == 1
+            && count > 0
+            && self.algo(CollKind::AllToAll, count, dtype.size(), 0) == Algo::TwoLevel
+        {
+            return self.exec(
+                Shape::new(CollKind::AllToAll, dtype, ReduceOp::Sum, count, 0),
+                buf,
+                &[],
+            );
+        }
         let mut copy = std::mem::take(&mut self.inplace_copy);
         copy.clear();
         copy.extend_from_slice(buf);

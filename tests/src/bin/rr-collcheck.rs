@@ -150,6 +150,18 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
             &a2a_buf,
             a2a_want,
         );
+        // one call, made in place by odd ranks and out of place by even ones
+        let mut a2a_buf = a2a_in.clone();
+        if me % 2 == 1 {
+            c.all_to_all_in_place(&mut a2a_buf).unwrap();
+        } else {
+            c.all_to_all(&a2a_in, &mut a2a_buf).unwrap();
+        }
+        check(
+            &format!("all_to_all mixed {ty} {count}"),
+            &a2a_buf,
+            a2a_want,
+        );
         // send/recv around the ring, and send_recv
         let next = (me + 1) % n;
         let prev = (me + n - 1) % n;
@@ -196,7 +208,8 @@ fn main() {
                 n + 1,
                 13,
                 1000,
-                4099,
+                8209,
+                16_411,
                 70_001,
             ];
             suite::<f32>(&c, &sizes);

@@ -14,11 +14,18 @@ use std::time::{Duration, Instant};
 const STREAM_MIN: usize = 8 << 20;
 /// Bytes of a small all-reduce carried inside the header line.
 const SMALL_INLINE: usize = SMALL_HDR - 16;
-/// All-to-all, all-gather and broadcast calls whose largest block is at least this many bytes
-/// read peers' buffers directly when the node agreed it can ([`Node::single_copy`]); below it a
-/// system call per block costs more than the second copy through a staging slot.
-pub const SINGLE_COPY_MIN: usize = 16 << 10;
-/// A scratch buffer (in-place single-copy all-to-all) larger than this is freed after the call.
+/// All-to-all calls whose blocks are at least this many bytes read peers' buffers directly when
+/// the node agreed it can ([`Node::single_copy`]); below it a system call per block and a wait
+/// per pair cost more than the second copy through a staging slot (4 ranks on 2 cores, railperf
+/// with `RAILRING_SHM_SINGLE_COPY` on and off: 16 KiB blocks 24-38 µs in place against 14).
+pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
+/// The same for all-gather, whose staged copy-out reads a slot still in the last-level cache:
+/// single copy wins from 64 KiB blocks (256 KiB blocks on 4 ranks: 184-203 µs against 207-226
+/// out of place, 118-124 against 165-175 in place). Broadcast always stages: its readers all
+/// read the root's one buffer, which a slot serves from cache (4 MiB on 4 ranks in place: 583 µs
+/// staged against 1148 read from the root's memory).
+pub const SINGLE_COPY_ALLGATHER_MIN: usize = 64 << 10;
+/// A bounce buffer (in-place single-copy all-to-all) larger than this is freed after the call.
 const SCRATCH_KEEP: usize = 64 << 20;
 
 /// A 64-bit digest of a call descriptor: equal descriptors give equal digests; a difference is
@@ -30,6 +37,22 @@ fn desc_digest(desc: &[u8; DESC]) -> u64 {
         h = (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29);
     }
     h
+}
+
+/// Rank `r`'s partner in round `k` (0..m-1) of a round-robin tournament of `m` (even) players:
+/// every pair meets exactly once; a partner >= the real number of ranks is a bye.
+fn tournament_partner(r: usize, k: usize, m: usize) -> usize {
+    let n = m - 1; // odd: 2 has an inverse mod n
+    if r == n {
+        (0..n).find(|&x| (2 * x) % n == k % n).unwrap_or(n)
+    } else {
+        let p = (k + n - r % n) % n;
+        if p == r {
+            n
+        } else {
+            p
+        }
+    }
 }
 
 /// The in-node collective engine over a [`Node`] segment.
@@ -206,13 +229,13 @@ impl ShmFabric {
                 "in-node all-to-all with blocks of different lengths".into(),
             ));
         }
-        if self.node.single_copy()
-            && matches!(
-                mode,
-                NodeMode::AllToAll | NodeMode::AllGather | NodeMode::Broadcast { .. }
-            )
-            && slices.iter().map(|s| s.1).max().unwrap_or(0) >= SINGLE_COPY_MIN
-        {
+        let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
+        let single = match mode {
+            NodeMode::AllToAll => largest >= SINGLE_COPY_ALLTOALL_MIN,
+            NodeMode::AllGather => largest >= SINGLE_COPY_ALLGATHER_MIN,
+            _ => false,
+        };
+        if single && self.node.single_copy() {
             return self.single_copy(&call);
         }
         let mode = if let NodeMode::AllReduceSmall = mode {
@@ -342,14 +365,14 @@ impl ShmFabric {
         Ok(())
     }
 
-    /// All-to-all, all-gather or broadcast in one generation, each block copied once: every
-    /// rank publishes where its input is (in its slot's header line, beside the generation),
-    /// then reads what it needs straight from the peers' buffers (`process_vm_readv`), then
-    /// says it is done; a rank whose buffer others read returns only after every reader is
-    /// done. The node agreed beforehand that every rank can read every other
-    /// ([`Node::single_copy`]), and the choice depends only on the call's shape, so all local
-    /// ranks take this path together. An in-place all-to-all collects the peers' blocks in a
-    /// scratch buffer first (its own buffer is still being read), then copies them over.
+    /// All-to-all or all-gather in one generation, each block copied once: every rank
+    /// publishes where its input is (in its slot's header line, beside the generation), then
+    /// reads what it needs straight from the peers' buffers (`process_vm_readv`). The node
+    /// agreed beforehand that every rank can read every other ([`Node::single_copy`]), and the
+    /// choice depends only on the call's shape, so all local ranks take this path together.
+    /// All-gather: each rank then says it is done and returns once every peer is, since they
+    /// read its buffer. All-to-all goes pairwise ([`Self::pairwise_all_to_all`]), which also
+    /// works in place.
     unsafe fn single_copy(&mut self, call: &NodeOp<'_>) -> Result<()> {
         let &NodeOp {
             mode,
@@ -376,103 +399,159 @@ impl ShmFabric {
             self.node.ready(j)
         })?;
         self.check_descs(s, desc, describe)?;
-        let node = self.node.clone();
-        let rank = self.rank;
-        let read = |j: usize, dst: *mut u8, off: usize, n: usize| -> Result<()> {
-            let remote = addr(j).load(Ordering::Relaxed) as usize + off;
-            node.peer_read(j, dst, remote, n).map_err(|e| {
-                if e.raw_os_error() == Some(libc::ESRCH) {
-                    Error::PeerDead {
-                        rank,
-                        peer: who(&node, j),
-                        host: node.host.clone(),
-                        why: "its process exited during an in-node collective".into(),
-                    }
-                } else {
-                    Error::Plan(format!(
-                        "rank {rank}: reading {n} bytes of local rank {}'s buffer \
-                         (process_vm_readv): {e}; RAILRING_SHM_SINGLE_COPY=off avoids it",
-                        who(&node, j)
-                    ))
-                }
-            })
-        };
-        // whose buffers are read by others: everyone's, or the root's alone
-        let read_by_others = match mode {
-            NodeMode::AllToAll | NodeMode::AllGather => true,
-            NodeMode::Broadcast { root } => me == root,
-            _ => unreachable!("single copy serves all-to-all, all-gather and broadcast"),
-        };
-        let mut result = Ok(());
-        match mode {
-            NodeMode::AllToAll if std::ptr::eq(input, work) => {
-                let n = slices[me].1;
-                self.scratch.clear();
-                self.scratch.resize(n * l, 0);
-                for j in (0..l).filter(|&j| j != me) {
-                    result = read(j, self.scratch.as_mut_ptr().add(j * n), slices[me].0, n);
-                    if result.is_err() {
-                        break;
-                    }
-                }
-            }
-            NodeMode::AllToAll => {
-                for j in (0..l).filter(|&j| j != me) {
-                    result = read(j, work.add(slices[j].0), slices[me].0, slices[j].1);
-                    if result.is_err() {
-                        break;
-                    }
-                }
+        if mode == NodeMode::AllToAll {
+            if !std::ptr::eq(input, work) {
                 let (o, n) = slices[me];
                 std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
             }
-            NodeMode::AllGather => {
-                for j in (0..l).filter(|&j| j != me) {
-                    let (o, n) = slices[j];
-                    result = read(j, work.add(o), o, n);
+            return self.pairwise_all_to_all(g, work, slices);
+        }
+        // all-gather: each rank starts with its next neighbour, so no buffer is read by every
+        // rank at once
+        for j in (1..l).map(|k| (me + k) % l) {
+            let (o, n) = slices[j];
+            self.read_peer(j, s, work.add(o), o, n)?;
+        }
+        if !std::ptr::eq(input, work) {
+            let (o, n) = slices[me];
+            std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+        }
+        self.node.reduced(me).store(g, Ordering::SeqCst);
+        self.node.ring_bell();
+        self.wait_all(
+            "all-gather (waiting for peers to read this rank's block)",
+            g,
+            |j| self.node.reduced(j),
+        )?;
+        Ok(())
+    }
+
+    /// Copy `n` bytes at offset `off` of local rank `j`'s buffer (its address published in its
+    /// header line of slot `s`) to `dst`, naming the peer on failure.
+    unsafe fn read_peer(
+        &self,
+        j: usize,
+        s: usize,
+        dst: *mut u8,
+        off: usize,
+        n: usize,
+    ) -> Result<()> {
+        let addr = &*(self.node.stage(j, s).add(16) as *const AtomicU64);
+        let remote = (addr.load(Ordering::Relaxed) as usize).wrapping_add(off);
+        self.node.peer_read(j, dst, remote, n).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ESRCH) {
+                Error::PeerDead {
+                    rank: self.rank,
+                    peer: who(&self.node, j),
+                    host: self.node.host.clone(),
+                    why: "its process exited during an in-node collective".into(),
+                }
+            } else {
+                Error::Plan(format!(
+                    "rank {}: reading {n} bytes of local rank {}'s buffer (process_vm_readv): \
+                     {e}; RAILRING_SHM_SINGLE_COPY=off avoids it",
+                    self.rank,
+                    who(&self.node, j)
+                ))
+            }
+        })
+    }
+
+    /// The single-copy all-to-all of generation `g` (every rank's input address is published
+    /// and seen) into `work`: pairwise rounds of a round-robin tournament, so a rank waits for
+    /// one partner at a time. In the round where two ranks meet, each reads the other's block
+    /// for it and says so. Out of place it reads straight into `work`; in place (`work` is the
+    /// input it published) it reads into a bounce buffer and, once the partner says it has
+    /// read the block this rank is about to overwrite, copies the bounce there. Both sides
+    /// read at once, and the protocol is the same whether either side is in place, so ranks
+    /// calling both ways meet. A rank returns only after every partner read its input.
+    unsafe fn pairwise_all_to_all(
+        &mut self,
+        g: u64,
+        work: *mut u8,
+        slices: &[(usize, usize)],
+    ) -> Result<()> {
+        let l = self.local_size();
+        let me = self.node.me;
+        let s = (g % NSLOT as u64) as usize;
+        let n = slices[me].1;
+        let in_place = {
+            let a = &*(self.node.stage(me, s).add(16) as *const AtomicU64);
+            a.load(Ordering::Relaxed) as usize == work as usize
+        };
+        // the bounce is written by the kernel before it is read: its capacity is enough (no
+        // pass zeroing it)
+        let mut bounce = std::mem::take(&mut self.scratch);
+        bounce.clear();
+        if in_place {
+            bounce.reserve(n);
+        }
+        let m = l + (l % 2); // a bye for odd sizes
+        let base = g << 24;
+        let done = AtomicU64::new(u64::MAX);
+        let mut result = Ok(());
+        for k in 0..m - 1 {
+            let p = tournament_partner(me, k, m);
+            let signal = |node: &super::Node| {
+                node.pairs(me).store(base + k as u64 + 1, Ordering::SeqCst);
+                node.ring_bell();
+            };
+            if p >= l {
+                signal(&self.node);
+                continue;
+            }
+            let wait = |this: &Self| {
+                this.wait_all(
+                    "in-place all-to-all (waiting for the pair's partner)",
+                    base + k as u64 + 1,
+                    |j| {
+                        if j == p {
+                            this.node.pairs(p)
+                        } else {
+                            &done
+                        }
+                    },
+                )
+            };
+            let dst = if in_place {
+                bounce.as_mut_ptr()
+            } else {
+                work.add(slices[p].0)
+            };
+            result = self.read_peer(p, s, dst, slices[me].0, n);
+            if result.is_err() {
+                break;
+            }
+            signal(&self.node);
+            if in_place {
+                result = wait(self);
+                if result.is_err() {
+                    break;
+                }
+                std::ptr::copy_nonoverlapping(bounce.as_ptr(), work.add(slices[p].0), n);
+            }
+        }
+        // Out of place, a rank did not wait for its partners' reads of its input: wait for
+        // those now, before the caller may reuse the input.
+        if !in_place && result.is_ok() {
+            for k in 0..m - 1 {
+                let p = tournament_partner(me, k, m);
+                if p < l {
+                    result = self.wait_all(
+                        "all-to-all (waiting for a partner to read this rank's input)",
+                        base + k as u64 + 1,
+                        |j| if j == p { self.node.pairs(p) } else { &done },
+                    );
                     if result.is_err() {
                         break;
                     }
                 }
-                if !std::ptr::eq(input, work) {
-                    let (o, n) = slices[me];
-                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
-                }
-            }
-            NodeMode::Broadcast { root } => {
-                let (o, n) = slices[0];
-                if me != root {
-                    result = read(root, work.add(o), o, n);
-                } else if !std::ptr::eq(input, work) {
-                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
-                }
-            }
-            _ => unreachable!("see above"),
-        }
-        result?;
-        self.node.reduced(me).store(g, Ordering::SeqCst);
-        self.node.ring_bell();
-        if read_by_others {
-            self.wait_all(
-                "collective (waiting for peers to read this rank's buffer)",
-                g,
-                |j| self.node.reduced(j),
-            )?;
-        }
-        if mode == NodeMode::AllToAll && std::ptr::eq(input, work) {
-            let n = slices[me].1;
-            for j in (0..l).filter(|&j| j != me) {
-                std::ptr::copy_nonoverlapping(
-                    self.scratch.as_ptr().add(j * n),
-                    work.add(slices[j].0),
-                    n,
-                );
-            }
-            if self.scratch.capacity() > SCRATCH_KEEP {
-                self.scratch = Vec::new();
             }
         }
-        Ok(())
+        if bounce.capacity() <= SCRATCH_KEEP {
+            self.scratch = bounce;
+        }
+        result
     }
 
     /// Where local rank `me`'s piece of the current chunk lives on every local rank, in local

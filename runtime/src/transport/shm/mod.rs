@@ -2,8 +2,8 @@
 //! the node's first rank, mapped by every local rank, and unlinked as soon as all have mapped it
 //! (a crash leaves no file behind).
 //!
-//! Layout: a header; one control block per local rank (sequence flags on separate cache lines,
-//! its pid, the descriptor of its current call); per rank three staging slots; one single-producer
+//! Layout: a header; one control block per local rank (sequence flags on separate cache lines:
+//! `ready`, `reduced`, `pairs`; its pid; the descriptors of its current calls); per rank three staging slots; one single-producer
 //! ring per ordered pair of local ranks for point-to-point [`ShmLink`]s.
 //!
 //! In-node collectives ([`ShmFabric::run`], the [`super::NodeFabric`]) move data in chunks
@@ -394,6 +394,11 @@ impl Node {
     }
     fn reduced(&self, i: usize) -> &AtomicU64 {
         self.at(self.geo.ctl_off(i) + 64)
+    }
+    /// Pairwise progress of an in-place single-copy all-to-all: `(generation << 24) | rounds
+    /// done` (see `ShmFabric::in_place_all_to_all`).
+    fn pairs(&self, i: usize) -> &AtomicU64 {
+        self.at(self.geo.ctl_off(i) + 128)
     }
     fn pid(&self, i: usize) -> &AtomicU32 {
         self.at(self.geo.ctl_off(i) + 192)
