@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::transport::{DataMem, Link, LinkError, NodeFabric, NodeMode, NodeOp, DESC};
 use exchange::{ExchangeOp, Transfer};
 use railring_collectives::plan::{Buf, Plan, Region, Step, Xfer};
-use railring_collectives::{DataType, ReduceOp};
+use railring_collectives::{CollKind, DataType, ReduceOp};
 use std::collections::HashSet;
 use std::time::Duration;
 
@@ -257,7 +257,13 @@ impl<'a> Executor<'a> {
                         i += 1;
                         if total <= 32 << 10 && slices.windows(2).all(|w| w[0].end() == w[1].offset)
                         {
-                            NodeMode::AllReduceSmall
+                            // a small one-node reduce: only the root waits for the data
+                            match group.iter().position(|&r| r == desc.root as usize) {
+                                Some(root) if desc.kind == CollKind::Reduce => {
+                                    NodeMode::ReduceSmall { root }
+                                }
+                                _ => NodeMode::AllReduceSmall,
+                            }
                         } else {
                             NodeMode::AllReduce
                         }

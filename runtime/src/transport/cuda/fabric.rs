@@ -537,7 +537,7 @@ impl GpuFabric {
             .bind_to_thread()
             .map_err(|e| self.err("binding the CUDA context", e))?;
         let mode = match mode {
-            NodeMode::AllReduceSmall => NodeMode::AllReduce,
+            NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => NodeMode::AllReduce,
             m => m,
         };
         let kern = match mode {
@@ -654,7 +654,9 @@ impl GpuFabric {
                         self.sync()?;
                     }
                 }
-                NodeMode::AllReduceSmall => unreachable!("rewritten above"),
+                NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => {
+                    unreachable!("rewritten above")
+                }
                 NodeMode::AllToAll => unreachable!("refused above"),
             }
             self.flags.done(me).store(g, Ordering::Release);

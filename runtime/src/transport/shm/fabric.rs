@@ -25,6 +25,9 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// read the root's one buffer, which a slot serves from cache (4 MiB on 4 ranks in place: 583 µs
 /// staged against 1148 read from the root's memory).
 pub const SINGLE_COPY_ALLGATHER_MIN: usize = 64 << 10;
+/// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
+/// returns, every other rank copies from it.
+const SMALL_BROADCAST: usize = 32 << 10;
 /// A bounce buffer (in-place single-copy all-to-all) larger than this is freed after the call.
 const SCRATCH_KEEP: usize = 64 << 20;
 
@@ -66,6 +69,9 @@ pub struct ShmFabric {
     yield_limit: u32,
     /// Where an in-place single-copy all-to-all collects the peers' blocks.
     scratch: Vec<u8>,
+    /// The least `ready` generation seen on every local rank: a slot last used by a generation
+    /// below it is free ([`Self::slot_free`]).
+    seen: u64,
 }
 
 /// What to call a local index in errors.
@@ -93,6 +99,7 @@ impl ShmFabric {
             spin_limit,
             yield_limit,
             scratch: Vec::new(),
+            seen: 0,
         }
     }
 
@@ -215,14 +222,23 @@ impl ShmFabric {
             }
             return Ok(());
         }
+        self.slot_free()?;
         // chunked data starts after the slot's header line (generation, digest, small data)
         let slot = self.node.geo.slot_bytes - SMALL_HDR;
-        if let NodeMode::AllReduceSmall = mode {
-            let bytes = slices.iter().map(|s| s.1).sum::<usize>();
-            let base = slices.first().map(|s| s.0).unwrap_or(0);
-            if bytes + SMALL_HDR <= slot {
+        let bytes = slices.iter().map(|s| s.1).sum::<usize>();
+        let base = slices.first().map(|s| s.0).unwrap_or(0);
+        let fits = bytes + SMALL_HDR <= slot;
+        match mode {
+            NodeMode::AllReduceSmall if fits => {
                 return self.small_allreduce(&call, src.add(base), work.add(base), bytes);
             }
+            NodeMode::ReduceSmall { root } if fits => {
+                return self.small_rooted(&call, src.add(base), work.add(base), bytes, root, true);
+            }
+            NodeMode::Broadcast { root } if fits && bytes <= SMALL_BROADCAST => {
+                return self.small_rooted(&call, src.add(base), work.add(base), bytes, root, false);
+            }
+            _ => {}
         }
         if mode == NodeMode::AllToAll && slices.windows(2).any(|w| w[0].1 != w[1].1) {
             return Err(Error::Plan(
@@ -238,10 +254,9 @@ impl ShmFabric {
         if single && self.node.single_copy() {
             return self.single_copy(&call);
         }
-        let mode = if let NodeMode::AllReduceSmall = mode {
-            NodeMode::AllReduce
-        } else {
-            mode
+        let mode = match mode {
+            NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => NodeMode::AllReduce,
+            m => m,
         };
         // Piece capacity per local rank inside one slot, a multiple of 64 bytes.
         let (piece_cap, max_slice) = match mode {
@@ -357,7 +372,7 @@ impl ShmFabric {
                         std::ptr::copy_nonoverlapping(src.add(o), work.add(o), n);
                     }
                 }
-                NodeMode::AllReduce | NodeMode::AllReduceSmall => {
+                NodeMode::AllReduce | NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => {
                     unreachable!("handled above")
                 }
             }
@@ -666,6 +681,126 @@ impl ShmFabric {
         Ok(())
     }
 
+    /// Wait until the slot the next generation uses is free: its last user, three generations
+    /// back, is finished on every local rank (a rank publishes `ready` for g only after it
+    /// finished g-1). Calls that end with every rank's flag observed leave this true; a small
+    /// broadcast's root and a small reduce's other ranks return without waiting, so a rank may
+    /// be up to two generations ahead of a slow peer. Costs nothing while the least `ready`
+    /// seen is recent enough, else one load per local rank.
+    fn slot_free(&mut self) -> Result<()> {
+        let target = (self.gen + 1).saturating_sub(2);
+        if self.seen >= target {
+            return Ok(());
+        }
+        self.wait_all(
+            "collective (waiting for a peer to finish an earlier call)",
+            target,
+            |j| self.node.ready(j),
+        )?;
+        self.seen = (0..self.local_size())
+            .map(|j| self.node.ready(j).load(Ordering::Acquire))
+            .min()
+            .unwrap_or(target)
+            .max(target);
+        Ok(())
+    }
+
+    /// A small rooted call in one round through the slots: a reduce (`reduce`: every rank
+    /// writes its data in its slot and returns, except the root, which waits for them all and
+    /// reduces in local-rank order, as the small all-reduce does) or a broadcast (the root
+    /// writes its data and returns; every other rank waits for the root's header line, which
+    /// carries the generation, the descriptor digest and up to 48 bytes of data, and copies the
+    /// data out). Only the waiting side compares descriptors. `src`, `work`: the call's input
+    /// and buffer at the first slice's offset.
+    unsafe fn small_rooted(
+        &mut self,
+        call: &NodeOp<'_>,
+        src: *const u8,
+        work: *mut u8,
+        bytes: usize,
+        root: usize,
+        reduce: bool,
+    ) -> Result<()> {
+        let &NodeOp {
+            dtype,
+            op,
+            desc,
+            describe,
+            ..
+        } = call;
+        let l = self.local_size();
+        let me = self.node.me;
+        if root >= l {
+            return Err(Error::Plan(format!(
+                "in-node root {root} of {l} local ranks"
+            )));
+        }
+        self.gen += 1;
+        let g = self.gen;
+        let s = (g % NSLOT as u64) as usize;
+        // (the slot is free: see slot_free)
+        let data_off = if bytes <= SMALL_INLINE { 16 } else { SMALL_HDR };
+        if reduce || me == root {
+            std::ptr::copy_nonoverlapping(src, self.node.stage(me, s).add(data_off), bytes);
+        }
+        let digest = self.publish_desc(s, g, desc, true);
+        self.node.ring_bell();
+        let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
+        if reduce {
+            if me != root {
+                return Ok(());
+            }
+            self.wait_all("reduce (waiting for peers' data)", g, hdr)?;
+            self.check_digests(s, desc, digest, describe)?;
+            let mut fixed = [std::ptr::null::<u8>(); 64];
+            let heap: Vec<*const u8>;
+            let srcs: &[*const u8] = if l <= fixed.len() {
+                for (j, p) in fixed.iter_mut().enumerate().take(l) {
+                    *p = self.node.stage(j, s).add(data_off);
+                }
+                &fixed[..l]
+            } else {
+                heap = (0..l)
+                    .map(|j| self.node.stage(j, s).add(data_off) as *const u8)
+                    .collect();
+                &heap
+            };
+            kernels::reduce_many_raw(dtype, op, work, srcs, bytes);
+            return Ok(());
+        }
+        if me == root {
+            if !std::ptr::eq(src, work) {
+                std::ptr::copy_nonoverlapping(src, work, bytes);
+            }
+            return Ok(());
+        }
+        let done = AtomicU64::new(u64::MAX);
+        self.wait_all("broadcast (waiting for the root's data)", g, |j| {
+            if j == root {
+                hdr(root)
+            } else {
+                &done
+            }
+        })?;
+        // the root's header line, its generation seen: the digest is the root's for this call
+        let theirs =
+            (*(self.node.stage(root, s).add(8) as *const AtomicU64)).load(Ordering::Relaxed);
+        if theirs != digest {
+            let mut full = [0u8; DESC];
+            std::ptr::copy_nonoverlapping(self.node.desc_ptr(root, s), full.as_mut_ptr(), DESC);
+            if &full != desc {
+                return Err(Error::Mismatch {
+                    rank: self.rank,
+                    peer: who(&self.node, root),
+                    mine: describe(desc),
+                    theirs: describe(&full),
+                });
+            }
+        }
+        std::ptr::copy_nonoverlapping(self.node.stage(root, s).add(data_off), work, bytes);
+        Ok(())
+    }
+
     /// The small all-reduce of `call`: `bytes` from `src` (its input) into `work`, both at the
     /// first slice's offset.
     unsafe fn small_allreduce(
@@ -794,5 +929,35 @@ impl crate::transport::NodeFabric for ShmFabric {
     }
     fn single_copy(&self) -> bool {
         self.node.single_copy()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tournament_partner;
+
+    #[test]
+    fn every_pair_meets_exactly_once_in_the_tournament() {
+        for l in 1..=17usize {
+            let m = l + (l % 2);
+            let mut met = vec![vec![0u32; l]; l];
+            for k in 0..m.saturating_sub(1) {
+                for r in 0..l {
+                    let p = tournament_partner(r, k, m);
+                    assert_ne!(p, r, "l={l} round {k}: rank {r} meets itself");
+                    if p < l {
+                        assert_eq!(tournament_partner(p, k, m), r, "l={l} round {k}: not mutual");
+                        met[r][p] += 1;
+                    } else {
+                        assert_eq!(l % 2, 1, "l={l}: a bye with an even number of ranks");
+                    }
+                }
+            }
+            for r in 0..l {
+                for p in (0..l).filter(|&p| p != r) {
+                    assert_eq!(met[r][p], 1, "l={l}: {r} and {p} met {} times", met[r][p]);
+                }
+            }
+        }
     }
 }
