@@ -2,7 +2,7 @@
 //! through the staging slots (the pipelined all-reduce among them), the one-round small
 //! all-reduce, and the descriptor checks between the node's ranks.
 
-use super::{Node, NSLOT, SMALL_HDR};
+use super::{Node, NHDR, NSLOT, SMALL_HDR};
 use crate::error::{Error, Result};
 use crate::transport::{NodeMode, NodeOp, DESC};
 use railring_collectives::kernels;
@@ -222,12 +222,31 @@ impl ShmFabric {
             }
             return Ok(());
         }
-        self.slot_free()?;
-        // chunked data starts after the slot's header line (generation, digest, small data)
+        // chunked data starts after the slot's first line (left unused)
         let slot = self.node.geo.slot_bytes - SMALL_HDR;
         let bytes = slices.iter().map(|s| s.1).sum::<usize>();
         let base = slices.first().map(|s| s.0).unwrap_or(0);
         let fits = bytes + SMALL_HDR <= slot;
+        if mode == NodeMode::AllToAll && slices.windows(2).any(|w| w[0].1 != w[1].1) {
+            return Err(Error::Plan(
+                "in-node all-to-all with blocks of different lengths".into(),
+            ));
+        }
+        let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
+        let single = self.node.single_copy()
+            && match mode {
+                NodeMode::AllToAll => largest >= SINGLE_COPY_ALLTOALL_MIN,
+                NodeMode::AllGather => largest >= SINGLE_COPY_ALLGATHER_MIN,
+                _ => false,
+            };
+        let small = fits
+            && match mode {
+                NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => true,
+                NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
+                _ => false,
+            };
+        // only header lines (no staging slot) for single-copy calls and small inline ones
+        self.slot_free(!(single || small && bytes <= SMALL_INLINE))?;
         match mode {
             NodeMode::AllReduceSmall if fits => {
                 return self.small_allreduce(&call, src.add(base), work.add(base), bytes);
@@ -240,18 +259,7 @@ impl ShmFabric {
             }
             _ => {}
         }
-        if mode == NodeMode::AllToAll && slices.windows(2).any(|w| w[0].1 != w[1].1) {
-            return Err(Error::Plan(
-                "in-node all-to-all with blocks of different lengths".into(),
-            ));
-        }
-        let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
-        let single = match mode {
-            NodeMode::AllToAll => largest >= SINGLE_COPY_ALLTOALL_MIN,
-            NodeMode::AllGather => largest >= SINGLE_COPY_ALLGATHER_MIN,
-            _ => false,
-        };
-        if single && self.node.single_copy() {
+        if single {
             return self.single_copy(&call);
         }
         let mode = match mode {
@@ -301,7 +309,7 @@ impl ShmFabric {
             // ranks' `ready` >= g-1 observed, and a rank publishes `ready` for g-1 only after it
             // finished g-2 entirely, so nobody still reads slot s.
             if c == 0 {
-                self.publish_desc(s, g, desc, false);
+                self.publish_desc(g, desc, false);
             }
             let mine = self.node.chunk_area(me, s);
             match mode {
@@ -329,7 +337,7 @@ impl ShmFabric {
                 self.node.ready(j)
             })?;
             if c == 0 {
-                self.check_descs(s, desc, describe)?;
+                self.check_descs(g, desc, describe)?;
             }
             match mode {
                 NodeMode::ReduceScatter => {
@@ -402,18 +410,17 @@ impl ShmFabric {
         let me = self.node.me;
         self.gen += 1;
         let g = self.gen;
-        let s = (g % NSLOT as u64) as usize;
         // (slot reuse needs no wait: see run)
         let addr =
-            |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s).add(16) as *const AtomicU64) };
+            |j: usize| -> &AtomicU64 { &*(self.node.line(j, g).add(16) as *const AtomicU64) };
         addr(me).store(input as u64, Ordering::Relaxed);
-        self.publish_desc(s, g, desc, false);
+        self.publish_desc(g, desc, false);
         self.node.ready(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
         self.wait_all("collective (waiting for peers' buffers)", g, |j| {
             self.node.ready(j)
         })?;
-        self.check_descs(s, desc, describe)?;
+        self.check_descs(g, desc, describe)?;
         if mode == NodeMode::AllToAll {
             if !std::ptr::eq(input, work) {
                 let (o, n) = slices[me];
@@ -425,7 +432,7 @@ impl ShmFabric {
         // rank at once
         for j in (1..l).map(|k| (me + k) % l) {
             let (o, n) = slices[j];
-            self.read_peer(j, s, work.add(o), o, n)?;
+            self.read_peer(j, g, work.add(o), o, n)?;
         }
         if !std::ptr::eq(input, work) {
             let (o, n) = slices[me];
@@ -442,16 +449,16 @@ impl ShmFabric {
     }
 
     /// Copy `n` bytes at offset `off` of local rank `j`'s buffer (its address published in its
-    /// header line of slot `s`) to `dst`, naming the peer on failure.
+    /// header line of generation `g`) to `dst`, naming the peer on failure.
     unsafe fn read_peer(
         &self,
         j: usize,
-        s: usize,
+        g: u64,
         dst: *mut u8,
         off: usize,
         n: usize,
     ) -> Result<()> {
-        let addr = &*(self.node.stage(j, s).add(16) as *const AtomicU64);
+        let addr = &*(self.node.line(j, g).add(16) as *const AtomicU64);
         let remote = (addr.load(Ordering::Relaxed) as usize).wrapping_add(off);
         self.node.peer_read(j, dst, remote, n).map_err(|e| {
             if e.raw_os_error() == Some(libc::ESRCH) {
@@ -488,10 +495,9 @@ impl ShmFabric {
     ) -> Result<()> {
         let l = self.local_size();
         let me = self.node.me;
-        let s = (g % NSLOT as u64) as usize;
         let n = slices[me].1;
         let in_place = {
-            let a = &*(self.node.stage(me, s).add(16) as *const AtomicU64);
+            let a = &*(self.node.line(me, g).add(16) as *const AtomicU64);
             a.load(Ordering::Relaxed) as usize == work as usize
         };
         // the bounce is written by the kernel before it is read: its capacity is enough (no
@@ -533,7 +539,7 @@ impl ShmFabric {
             } else {
                 work.add(slices[p].0)
             };
-            result = self.read_peer(p, s, dst, slices[me].0, n);
+            result = self.read_peer(p, g, dst, slices[me].0, n);
             if result.is_err() {
                 break;
             }
@@ -637,7 +643,7 @@ impl ShmFabric {
             node.ready(me).store(gen_of(c), Ordering::SeqCst);
             node.ring_bell();
         };
-        self.publish_desc(slot_of(0), gen_of(0), desc, false);
+        self.publish_desc(gen_of(0), desc, false);
         copy_in(0);
         for c in 0..nchunks {
             let (g, s) = (gen_of(c), slot_of(c));
@@ -645,7 +651,7 @@ impl ShmFabric {
                 self.node.ready(j)
             })?;
             if c == 0 {
-                self.check_descs(s, desc, describe)?;
+                self.check_descs(g, desc, describe)?;
             }
             // our reduced piece goes to our slot (for the peers) and, in the same pass, to our
             // own result
@@ -681,14 +687,16 @@ impl ShmFabric {
         Ok(())
     }
 
-    /// Wait until the slot the next generation uses is free: its last user, three generations
-    /// back, is finished on every local rank (a rank publishes `ready` for g only after it
-    /// finished g-1). Calls that end with every rank's flag observed leave this true; a small
-    /// broadcast's root and a small reduce's other ranks return without waiting, so a rank may
-    /// be up to two generations ahead of a slow peer. Costs nothing while the least `ready`
-    /// seen is recent enough, else one load per local rank.
-    fn slot_free(&mut self) -> Result<()> {
-        let target = (self.gen + 1).saturating_sub(2);
+    /// Wait until what the next generation g uses is free: its header line, last used by
+    /// g - NHDR, and (`slot`) its staging slot, last used by g - NSLOT, are finished on every
+    /// local rank (a rank publishes `ready` for g only after it finished g-1). Calls that end
+    /// with every rank's flag observed leave this true; a small broadcast's root and a small
+    /// reduce's other ranks return without waiting, so a rank runs up to NHDR - 1 small calls
+    /// ahead of a slow peer (NSLOT - 1 with data in slots). Costs nothing while the least
+    /// `ready` seen is recent enough, else one load per local rank.
+    fn slot_free(&mut self, slot: bool) -> Result<()> {
+        let back = if slot { NSLOT } else { NHDR } as u64;
+        let target = (self.gen + 2).saturating_sub(back);
         if self.seen >= target {
             return Ok(());
         }
@@ -737,31 +745,29 @@ impl ShmFabric {
         }
         self.gen += 1;
         let g = self.gen;
-        let s = (g % NSLOT as u64) as usize;
         // (the slot is free: see slot_free)
-        let data_off = if bytes <= SMALL_INLINE { 16 } else { SMALL_HDR };
         if reduce || me == root {
-            std::ptr::copy_nonoverlapping(src, self.node.stage(me, s).add(data_off), bytes);
+            std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
         }
-        let digest = self.publish_desc(s, g, desc, true);
+        let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
-        let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
+        let hdr = |j: usize| -> &AtomicU64 { &*(self.node.line(j, g) as *const AtomicU64) };
         if reduce {
             if me != root {
                 return Ok(());
             }
             self.wait_all("reduce (waiting for peers' data)", g, hdr)?;
-            self.check_digests(s, desc, digest, describe)?;
+            self.check_digests(g, desc, digest, describe)?;
             let mut fixed = [std::ptr::null::<u8>(); 64];
             let heap: Vec<*const u8>;
             let srcs: &[*const u8] = if l <= fixed.len() {
                 for (j, p) in fixed.iter_mut().enumerate().take(l) {
-                    *p = self.node.stage(j, s).add(data_off);
+                    *p = self.small_data(j, g, bytes);
                 }
                 &fixed[..l]
             } else {
                 heap = (0..l)
-                    .map(|j| self.node.stage(j, s).add(data_off) as *const u8)
+                    .map(|j| self.small_data(j, g, bytes) as *const u8)
                     .collect();
                 &heap
             };
@@ -784,10 +790,10 @@ impl ShmFabric {
         })?;
         // the root's header line, its generation seen: the digest is the root's for this call
         let theirs =
-            (*(self.node.stage(root, s).add(8) as *const AtomicU64)).load(Ordering::Relaxed);
+            (*(self.node.line(root, g).add(8) as *const AtomicU64)).load(Ordering::Relaxed);
         if theirs != digest {
             let mut full = [0u8; DESC];
-            std::ptr::copy_nonoverlapping(self.node.desc_ptr(root, s), full.as_mut_ptr(), DESC);
+            std::ptr::copy_nonoverlapping(self.node.desc_ptr(root, g), full.as_mut_ptr(), DESC);
             if &full != desc {
                 return Err(Error::Mismatch {
                     rank: self.rank,
@@ -797,8 +803,22 @@ impl ShmFabric {
                 });
             }
         }
-        std::ptr::copy_nonoverlapping(self.node.stage(root, s).add(data_off), work, bytes);
+        std::ptr::copy_nonoverlapping(self.small_data(root, g, bytes), work, bytes);
         Ok(())
+    }
+
+    /// Where local rank `j`'s data of a small call of `bytes` in generation `g` lives: inside
+    /// its header line when it fits (one line carries flag, digest and data), else in its
+    /// staging slot after the line the chunked calls leave unused.
+    fn small_data(&self, j: usize, g: u64, bytes: usize) -> *mut u8 {
+        // SAFETY: inside the mapping (the caller checked that `bytes` fit in a slot).
+        unsafe {
+            if bytes <= SMALL_INLINE {
+                self.node.line(j, g).add(16)
+            } else {
+                self.node.stage(j, (g % NSLOT as u64) as usize).add(SMALL_HDR)
+            }
+        }
     }
 
     /// The small all-reduce of `call`: `bytes` from `src` (its input) into `work`, both at the
@@ -826,26 +846,23 @@ impl ShmFabric {
         let me = self.node.me;
         self.gen += 1;
         let g = self.gen;
-        let s = (g % NSLOT as u64) as usize;
         // (slot reuse needs no wait: see run)
-        let hdr = |j: usize| -> &AtomicU64 { &*(self.node.stage(j, s) as *const AtomicU64) };
-        let data_off = if bytes <= SMALL_INLINE { 16 } else { SMALL_HDR };
-        let mine = self.node.stage(me, s);
-        std::ptr::copy_nonoverlapping(src, mine.add(data_off), bytes);
-        let digest = self.publish_desc(s, g, desc, true);
+        let hdr = |j: usize| -> &AtomicU64 { &*(self.node.line(j, g) as *const AtomicU64) };
+        std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
+        let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
         self.wait_all("all-reduce (waiting for peers' data)", g, hdr)?;
-        self.check_digests(s, desc, digest, describe)?;
+        self.check_digests(g, desc, digest, describe)?;
         let mut fixed = [std::ptr::null::<u8>(); 64];
         let heap: Vec<*const u8>;
         let srcs: &[*const u8] = if l <= fixed.len() {
             for (j, p) in fixed.iter_mut().enumerate().take(l) {
-                *p = self.node.stage(j, s).add(data_off);
+                *p = self.small_data(j, g, bytes);
             }
             &fixed[..l]
         } else {
             heap = (0..l)
-                .map(|j| self.node.stage(j, s).add(data_off) as *const u8)
+                .map(|j| self.small_data(j, g, bytes) as *const u8)
                 .collect();
             &heap
         };
@@ -853,19 +870,19 @@ impl ShmFabric {
         Ok(())
     }
 
-    /// Publish this rank's call for generation `g` in slot `s`: the full descriptor in the
-    /// control block, its digest and `g` in the slot's header line (what a small all-reduce
-    /// polls) and, for a small call (`ready`), `g` in `ready` (what chunked modes poll; they
-    /// store it themselves once their data is in) — so a peer in either kind of call finds a
-    /// mismatch instead of waiting for a flag that never comes.
+    /// Publish this rank's call for generation `g`: the full descriptor in the control block,
+    /// its digest and `g` in the generation's header line (what small calls poll) and, for a
+    /// small call (`ready`), `g` in `ready` (what chunked modes poll; they store it themselves
+    /// once their data is in) — so a peer in either kind of call finds a mismatch instead of
+    /// waiting for a flag that never comes.
     ///
     /// # Safety
-    /// `s` < NSLOT; slot `s` is free for generation `g` (see [`Self::run`]).
-    unsafe fn publish_desc(&self, s: usize, g: u64, desc: &[u8; DESC], ready: bool) -> u64 {
+    /// The header line of `g` is free (see [`Self::slot_free`]).
+    unsafe fn publish_desc(&self, g: u64, desc: &[u8; DESC], ready: bool) -> u64 {
         let digest = desc_digest(desc);
         let me = self.node.me;
-        std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, s), DESC);
-        let line = self.node.stage(me, s);
+        std::ptr::copy_nonoverlapping(desc.as_ptr(), self.node.desc_ptr(me, g), DESC);
+        let line = self.node.line(me, g);
         (*(line.add(8) as *const AtomicU64)).store(digest, Ordering::Relaxed);
         (*(line as *const AtomicU64)).store(g, Ordering::SeqCst);
         if ready {
@@ -874,22 +891,22 @@ impl ShmFabric {
         digest
     }
 
-    /// Compare every peer's digest for slot `s` with ours; on a difference read the peer's full
-    /// descriptor and fail naming both calls.
+    /// Compare every peer's digest for generation `g` with ours; on a difference read the peer's
+    /// full descriptor and fail naming both calls.
     fn check_digests(
         &self,
-        s: usize,
+        g: u64,
         desc: &[u8; DESC],
         digest: u64,
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
         for j in 0..self.local_size() {
-            // SAFETY: the header line of slot s, inside the mapping; its generation was seen.
+            // SAFETY: the header line of generation g, inside the mapping; its generation was seen.
             let theirs = unsafe {
-                (*(self.node.stage(j, s).add(8) as *const AtomicU64)).load(Ordering::Relaxed)
+                (*(self.node.line(j, g).add(8) as *const AtomicU64)).load(Ordering::Relaxed)
             };
             if theirs != digest {
-                return self.check_descs(s, desc, describe);
+                return self.check_descs(g, desc, describe);
             }
         }
         Ok(())
@@ -897,7 +914,7 @@ impl ShmFabric {
 
     fn check_descs(
         &self,
-        s: usize,
+        g: u64,
         desc: &[u8; DESC],
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
@@ -905,7 +922,7 @@ impl ShmFabric {
             let mut theirs = [0u8; DESC];
             // SAFETY: inside the mapping; the peer does not rewrite it before we mark done.
             unsafe {
-                std::ptr::copy_nonoverlapping(self.node.desc_ptr(j, s), theirs.as_mut_ptr(), DESC)
+                std::ptr::copy_nonoverlapping(self.node.desc_ptr(j, g), theirs.as_mut_ptr(), DESC)
             };
             if &theirs != desc {
                 return Err(Error::Mismatch {

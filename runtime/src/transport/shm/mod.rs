@@ -33,7 +33,12 @@ use std::time::Duration;
 
 const MAGIC: u64 = 0x5241_494c_5348_4d31; // "RAILSHM1"
 const HDR: usize = 4096;
-const CTL: usize = 448;
+/// Header lines (and descriptors) per rank: generation g uses line g mod NHDR, so a rank may run
+/// that many small calls ahead of a slow peer (a small broadcast's root, a small reduce's other
+/// ranks), while data in the staging slots limits it to [`NSLOT`].
+const NHDR: usize = 16;
+/// Control block: flags (ready, reduced, pairs), pid, then NHDR descriptors and NHDR lines.
+const CTL: usize = 256 + NHDR * (DESC + SMALL_HDR);
 /// Staging slots per rank: the pipelined all-reduce fills slot c+1 while peers may still be
 /// copying chunk c-1's results out of another (see [`ShmFabric::allreduce_chunks`]).
 const NSLOT: usize = 3;
@@ -403,11 +408,23 @@ impl Node {
     fn pid(&self, i: usize) -> &AtomicU32 {
         self.at(self.geo.ctl_off(i) + 192)
     }
-    /// The descriptor of the call that uses staging slot `slot` (one per slot, so a rank that
-    /// runs ahead into the next call cannot overwrite what a slower peer is about to compare).
-    fn desc_ptr(&self, i: usize, slot: usize) -> *mut u8 {
-        // SAFETY: bytes 256..448 of the control block.
-        unsafe { self.seg.base().add(self.geo.ctl_off(i) + 256 + slot * DESC) }
+    /// The descriptor of generation `g`'s call (one per header line, so a rank that runs ahead
+    /// into later calls cannot overwrite what a slower peer is about to compare).
+    fn desc_ptr(&self, i: usize, g: u64) -> *mut u8 {
+        let h = (g % NHDR as u64) as usize;
+        // SAFETY: inside the control block.
+        unsafe { self.seg.base().add(self.geo.ctl_off(i) + 256 + h * DESC) }
+    }
+    /// Rank `i`'s header line for generation `g`: [generation | descriptor digest | 48 bytes:
+    /// a small call's data, or the address of a single-copy call's input].
+    fn line(&self, i: usize, g: u64) -> *mut u8 {
+        let h = (g % NHDR as u64) as usize;
+        // SAFETY: inside the control block.
+        unsafe {
+            self.seg
+                .base()
+                .add(self.geo.ctl_off(i) + 256 + NHDR * DESC + h * SMALL_HDR)
+        }
     }
     fn stage(&self, i: usize, slot: usize) -> *mut u8 {
         // SAFETY: inside the mapping.
