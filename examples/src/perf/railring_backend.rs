@@ -167,12 +167,10 @@ impl Backend for Railring {
                 }
                 None => self.comm.reduce_scatter_raw(out, dtype, op).map_err(e),
             },
-            Coll::AllGather => {
-                if let Some(i) = input {
-                    out[me * i.len()..(me + 1) * i.len()].copy_from_slice(i);
-                }
-                self.comm.all_gather_raw(out, dtype).map_err(e)
-            }
+            Coll::AllGather => match input {
+                Some(i) => self.comm.all_gather_into_raw(i, out, dtype).map_err(e),
+                None => self.comm.all_gather_raw(out, dtype).map_err(e),
+            },
             Coll::Broadcast => {
                 if let Some(i) = input {
                     if me == root {

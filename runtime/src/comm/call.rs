@@ -590,6 +590,37 @@ impl Inner {
         )
     }
 
+    /// All-gather of `input` (this rank's block) into `out`. On one node the fabric reads the
+    /// block from `input` (peers read the caller's input, not a copy just written); elsewhere
+    /// the block is copied into place and the all-gather runs in place.
+    pub(super) fn all_gather_into(
+        &mut self,
+        input: &[u8],
+        out: &mut [u8],
+        dtype: DataType,
+    ) -> Result<()> {
+        let esz = dtype.size();
+        if input.len() * self.size != out.len() || !input.len().is_multiple_of(esz) {
+            return Err(Error::Invalid(format!(
+                "all_gather: output of {} bytes for {} ranks' blocks of {}",
+                out.len(),
+                self.size,
+                input.len()
+            )));
+        }
+        let count = input.len() / esz;
+        if self.size > 1 && self.layout.nodes.len() == 1 && count > 0 && self.fabric.is_some() {
+            return self.exec(
+                Shape::new(CollKind::AllGather, dtype, ReduceOp::Sum, count, 0),
+                out,
+                input,
+            );
+        }
+        let me = self.rank;
+        out[me * input.len()..(me + 1) * input.len()].copy_from_slice(input);
+        self.all_gather(out, dtype)
+    }
+
     pub(super) fn broadcast(&mut self, buf: &mut [u8], dtype: DataType, root: usize) -> Result<()> {
         self.check_root(root)?;
         let count = buf.len() / dtype.size();

@@ -217,15 +217,14 @@ impl Communicator {
 
     /// All-gather: `output` (`size` x `input.len()`) receives every rank's `input`, in rank order.
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
-        let (n, r, c) = (self.size(), self.rank(), input.len());
+        let (n, c) = (self.size(), input.len());
         if output.len() != c * n {
             return Err(Error::Invalid(format!(
                 "all_gather: output has {} elements, expected {c} x {n}",
                 output.len()
             )));
         }
-        output[r * c..(r + 1) * c].copy_from_slice(input);
-        self.all_gather_in_place(output)
+        self.blocking(|g| g.all_gather_into(as_bytes(input), as_bytes_mut(output), T::DTYPE))
     }
 
     /// In-place all-gather: this rank's block of `buf` is its contribution.

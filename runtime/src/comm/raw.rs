@@ -43,6 +43,17 @@ impl Communicator {
         self.blocking(|g| g.reduce_scatter(buf, dtype, op))
     }
     /// In place: this rank's block of `buf` is its contribution.
+    /// [`Communicator::all_gather`] on bytes: `input` is this rank's block, `output` receives
+    /// every rank's block in rank order.
+    pub fn all_gather_into_raw(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+    ) -> Result<()> {
+        Self::check_len(input, dtype)?;
+        self.blocking(|g| g.all_gather_into(input, output, dtype))
+    }
     pub fn all_gather_raw(&self, buf: &mut [u8], dtype: DataType) -> Result<()> {
         Self::check_len(buf, dtype)?;
         self.blocking(|g| g.all_gather(buf, dtype))

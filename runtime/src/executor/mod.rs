@@ -273,7 +273,26 @@ impl<'a> Executor<'a> {
                     self.node(mode, group, slices, call, bufs, src.take())?;
                 }
                 Step::NodeAllGather { group, slices } => {
-                    self.node(NodeMode::AllGather, group, slices, call, bufs, None)?
+                    // A one-node all-gather given this rank's block as its input (see
+                    // Inner::all_gather_into): the fabric reads the block there, so peers read
+                    // the caller's input rather than a copy of it just written into the result.
+                    let me = group.iter().position(|&r| r == self.rank);
+                    let own = match (plan.steps.len(), me) {
+                        (1, Some(me)) if bufs.input_bytes > 0 && group.len() > 1 => {
+                            let (p, n) = bufs.region(&slices[me], esz)?;
+                            if n != bufs.input_bytes {
+                                return Err(Error::Plan(format!(
+                                    "all-gather: input of {} bytes for a block of {n}",
+                                    bufs.input_bytes
+                                )));
+                            }
+                            // where the input would start if it were as long as `work`: the
+                            // fabric only touches its block, at the block's offset
+                            Some(bufs.input.wrapping_sub(p as usize - bufs.work as usize))
+                        }
+                        _ => None,
+                    };
+                    self.node(NodeMode::AllGather, group, slices, call, bufs, own)?
                 }
                 Step::NodeBroadcast {
                     group,

@@ -39,7 +39,8 @@ pub struct NodeOp<'a> {
     pub dtype: DataType,
     pub op: ReduceOp,
     /// Out-of-place calls: where this rank's input is, at the same offsets as `work`. `None`:
-    /// in place, the input is `work` itself.
+    /// in place, the input is `work` itself. An all-gather reads only this rank's own slice
+    /// there (the pointer may stand for a buffer holding just that slice).
     pub src: Option<*const u8>,
     /// The rank's buffer; `slices` are byte ranges of it.
     pub work: *mut u8,

@@ -314,8 +314,9 @@ impl ShmFabric {
             let mine = self.node.chunk_area(me, s);
             match mode {
                 NodeMode::AllGather => {
+                    // (src may stand for a buffer holding only this rank's slice: see NodeOp)
                     let (o, n) = piece(me);
-                    std::ptr::copy_nonoverlapping(src.add(o), mine.add(me * piece_cap), n);
+                    std::ptr::copy_nonoverlapping(src.wrapping_add(o), mine.add(me * piece_cap), n);
                 }
                 NodeMode::Broadcast { root } => {
                     if me == root {
@@ -353,6 +354,10 @@ impl ShmFabric {
                             self.node.chunk_area(j, s).add(j * piece_cap),
                             n,
                         );
+                    }
+                    if !std::ptr::eq(src, work) {
+                        let (o, n) = piece(me);
+                        std::ptr::copy_nonoverlapping(src.wrapping_add(o), work.add(o), n);
                     }
                 }
                 NodeMode::Broadcast { root } => {
@@ -436,7 +441,7 @@ impl ShmFabric {
         }
         if !std::ptr::eq(input, work) {
             let (o, n) = slices[me];
-            std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+            std::ptr::copy_nonoverlapping(input.wrapping_add(o), work.add(o), n);
         }
         self.node.reduced(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
@@ -450,14 +455,7 @@ impl ShmFabric {
 
     /// Copy `n` bytes at offset `off` of local rank `j`'s buffer (its address published in its
     /// header line of generation `g`) to `dst`, naming the peer on failure.
-    unsafe fn read_peer(
-        &self,
-        j: usize,
-        g: u64,
-        dst: *mut u8,
-        off: usize,
-        n: usize,
-    ) -> Result<()> {
+    unsafe fn read_peer(&self, j: usize, g: u64, dst: *mut u8, off: usize, n: usize) -> Result<()> {
         let addr = &*(self.node.line(j, g).add(16) as *const AtomicU64);
         let remote = (addr.load(Ordering::Relaxed) as usize).wrapping_add(off);
         self.node.peer_read(j, dst, remote, n).map_err(|e| {
@@ -816,7 +814,9 @@ impl ShmFabric {
             if bytes <= SMALL_INLINE {
                 self.node.line(j, g).add(16)
             } else {
-                self.node.stage(j, (g % NSLOT as u64) as usize).add(SMALL_HDR)
+                self.node
+                    .stage(j, (g % NSLOT as u64) as usize)
+                    .add(SMALL_HDR)
             }
         }
     }
@@ -963,7 +963,11 @@ mod tests {
                     let p = tournament_partner(r, k, m);
                     assert_ne!(p, r, "l={l} round {k}: rank {r} meets itself");
                     if p < l {
-                        assert_eq!(tournament_partner(p, k, m), r, "l={l} round {k}: not mutual");
+                        assert_eq!(
+                            tournament_partner(p, k, m),
+                            r,
+                            "l={l} round {k}: not mutual"
+                        );
                         met[r][p] += 1;
                     } else {
                         assert_eq!(l % 2, 1, "l={l}: a bye with an even number of ranks");
