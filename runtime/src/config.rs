@@ -55,6 +55,9 @@ pub struct Config {
     /// local ranks outnumber CPUs (every in-node step then costs context switches), then
     /// `RAILRING_COST` overrides (`net_beta=1.25e8,net_alpha=5e-5,...`).
     pub cost: railring_collectives::cost::CostModel,
+    /// Whether `RAILRING_COST` set `rails`; otherwise the communicator sets it to the rails
+    /// every rank has (`comm::setup`).
+    pub cost_rails_given: bool,
     /// `RAILRING_PIPELINE_SEG` (bytes, default 4 MiB; 0 disables): segment size of the
     /// pipelined two-level all-reduce across nodes.
     pub pipeline_seg: usize,
@@ -286,6 +289,10 @@ impl Config {
             connect_timeout: Duration::from_secs(parse_num(vars::CONNECT_TIMEOUT, 30, 1, 3600)?),
             pipeline_seg: parse_num(vars::PIPELINE_SEG, 4 << 20, 0, 1 << 40)? as usize,
             cost: cost_model()?,
+            cost_rails_given: var(vars::COST).is_some_and(|v| {
+                v.split(',')
+                    .any(|i| i.split_once('=').is_some_and(|(k, _)| k.trim() == "rails"))
+            }),
             gdr_level: {
                 let v = var(vars::NET_GDR_LEVEL);
                 parse_gdr_level(v.as_deref()).map_err(|why| Error::Env {

@@ -214,6 +214,18 @@ impl Communicator {
             peers: Arc::new(peers),
             ..world
         };
+        // The cost model prices every rail of a node unless told otherwise: the rails every rank
+        // listens on (the same number on every rank, so every rank chooses alike).
+        let mut world = world;
+        if !world.cfg.cost_rails_given {
+            world.cfg.cost.rails = world
+                .peers
+                .iter()
+                .map(|p| p.addrs.len())
+                .min()
+                .unwrap_or(1)
+                .max(1);
+        }
         let c = Self::assemble(rank, comm, layout, node_index, world, node);
         {
             let mut g = c.lock();
