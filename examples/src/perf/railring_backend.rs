@@ -179,12 +179,13 @@ impl Backend for Railring {
                 }
                 self.comm.broadcast_raw(out, dtype, root).map_err(e)
             }
-            Coll::Reduce => {
-                if let Some(i) = input {
-                    out.copy_from_slice(i);
-                }
-                self.comm.reduce_raw(out, dtype, op, root).map_err(e)
-            }
+            Coll::Reduce => match input {
+                Some(i) => self
+                    .comm
+                    .reduce_into_raw(i, out, dtype, op, root)
+                    .map_err(e),
+                None => self.comm.reduce_raw(out, dtype, op, root).map_err(e),
+            },
             Coll::AllToAll => match input {
                 Some(i) => self.comm.all_to_all_raw(i, out, dtype).map_err(e),
                 None => self.comm.all_to_all_in_place_raw(out, dtype).map_err(e),

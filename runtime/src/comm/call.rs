@@ -638,12 +638,31 @@ impl Inner {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
+        self.reduce_from(buf, None, dtype, op, root)
+    }
+
+    /// Reduce of `src` (out of place; `None`: of `buf`) into the root's `buf`: the plan reads
+    /// `src` where it can (a one-node reduce's fabric reads it directly) instead of a copy.
+    pub(super) fn reduce_from(
+        &mut self,
+        buf: &mut [u8],
+        src: Option<&[u8]>,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.check_root(root)?;
+        if src.is_some_and(|s| s.len() != buf.len()) {
+            return Err(Error::Invalid(
+                "reduce: input and output lengths differ".into(),
+            ));
+        }
         let count = buf.len() / dtype.size();
-        self.exec(
+        self.exec_from(
             Shape::new(CollKind::Reduce, dtype, op, count, root),
             buf,
             &[],
+            src,
         )?;
         if op == ReduceOp::Avg && self.rank == root {
             kernels::finish_avg(dtype, buf, self.size);

@@ -264,8 +264,15 @@ impl Communicator {
                 output.len()
             )));
         }
-        output.copy_from_slice(input);
-        self.blocking(|g| g.reduce(as_bytes_mut(output), T::DTYPE, op, root))
+        self.blocking(|g| {
+            g.reduce_from(
+                as_bytes_mut(output),
+                Some(as_bytes(input)),
+                T::DTYPE,
+                op,
+                root,
+            )
+        })
     }
 
     /// In-place reduce: the root's `buf` receives the reduction; other ranks' `buf` is unchanged.

@@ -63,6 +63,18 @@ impl Communicator {
         self.blocking(|g| g.broadcast(buf, dtype, root))
     }
     /// In place; non-root buffers are used as scratch.
+    /// [`Communicator::reduce`] on bytes: `input` reduced into the root's `output`.
+    pub fn reduce_into_raw(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        Self::check_len(input, dtype)?;
+        self.blocking(|g| g.reduce_from(output, Some(input), dtype, op, root))
+    }
     pub fn reduce_raw(
         &self,
         buf: &mut [u8],
