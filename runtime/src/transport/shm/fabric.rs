@@ -2,7 +2,7 @@
 //! through the staging slots (the pipelined all-reduce among them), the one-round small
 //! all-reduce, and the descriptor checks between the node's ranks.
 
-use super::{Node, NHDR, NSLOT, SMALL_HDR};
+use super::{Node, NHDR, NSLOT, SMALL_BOX, SMALL_HDR};
 use crate::error::{Error, Result};
 use crate::transport::{NodeMode, NodeOp, DESC};
 use railring_collectives::kernels;
@@ -245,8 +245,8 @@ impl ShmFabric {
                 NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
                 _ => false,
             };
-        // only header lines (no staging slot) for single-copy calls and small inline ones
-        self.slot_free(!(single || small && bytes <= SMALL_INLINE))?;
+        // only header lines and boxes (no staging slot) for single-copy calls and small ones
+        self.slot_free(!(single || small && bytes <= SMALL_BOX))?;
         match mode {
             NodeMode::AllReduceSmall if fits => {
                 return self.small_allreduce(&call, src.add(base), work.add(base), bytes);
@@ -807,12 +807,15 @@ impl ShmFabric {
 
     /// Where local rank `j`'s data of a small call of `bytes` in generation `g` lives: inside
     /// its header line when it fits (one line carries flag, digest and data), else in its
-    /// staging slot after the line the chunked calls leave unused.
+    /// small-data box of `g`, else in its staging slot after the line the chunked calls leave
+    /// unused.
     fn small_data(&self, j: usize, g: u64, bytes: usize) -> *mut u8 {
         // SAFETY: inside the mapping (the caller checked that `bytes` fit in a slot).
         unsafe {
             if bytes <= SMALL_INLINE {
                 self.node.line(j, g).add(16)
+            } else if bytes <= SMALL_BOX {
+                self.node.small_box(j, g)
             } else {
                 self.node
                     .stage(j, (g % NSLOT as u64) as usize)

@@ -37,8 +37,13 @@ const HDR: usize = 4096;
 /// that many small calls ahead of a slow peer (a small broadcast's root, a small reduce's other
 /// ranks), while data in the staging slots limits it to [`NSLOT`].
 const NHDR: usize = 16;
-/// Control block: flags (ready, reduced, pairs), pid, then NHDR descriptors and NHDR lines.
-const CTL: usize = 256 + NHDR * (DESC + SMALL_HDR);
+/// Bytes of a small call's data that ride with generation g in the rank's control block (in
+/// its line up to 48 bytes, else in box g mod NHDR), so small calls up to this size run up to
+/// NHDR - 1 calls ahead of a slow peer; larger ones use a staging slot.
+const SMALL_BOX: usize = 4096;
+/// Control block: flags (ready, reduced, pairs), pid, then NHDR descriptors, NHDR lines and NHDR
+/// small-data boxes.
+const CTL: usize = 256 + NHDR * (DESC + SMALL_HDR + SMALL_BOX);
 /// Staging slots per rank: the pipelined all-reduce fills slot c+1 while peers may still be
 /// copying chunk c-1's results out of another (see [`ShmFabric::allreduce_chunks`]).
 const NSLOT: usize = 3;
@@ -417,6 +422,16 @@ impl Node {
     }
     /// Rank `i`'s header line for generation `g`: [generation | descriptor digest | 48 bytes:
     /// a small call's data, or the address of a single-copy call's input].
+    /// Rank `i`'s small-data box for generation `g` ([`SMALL_BOX`] bytes).
+    fn small_box(&self, i: usize, g: u64) -> *mut u8 {
+        let h = (g % NHDR as u64) as usize;
+        // SAFETY: inside the control block.
+        unsafe {
+            self.seg
+                .base()
+                .add(self.geo.ctl_off(i) + 256 + NHDR * (DESC + SMALL_HDR) + h * SMALL_BOX)
+        }
+    }
     fn line(&self, i: usize, g: u64) -> *mut u8 {
         let h = (g % NHDR as u64) as usize;
         // SAFETY: inside the control block.
