@@ -3,8 +3,13 @@
 //! (a crash leaves no file behind).
 //!
 //! Layout: a header; one control block per local rank (sequence flags on separate cache lines:
-//! `ready`, `reduced`, `pairs`; its pid; the descriptors of its current calls); per rank three staging slots; one single-producer
-//! ring per ordered pair of local ranks for point-to-point [`ShmLink`]s.
+//! `ready`, `reduced`, `pairs`; its pid; per generation mod 16 a call descriptor, a header line
+//! and a 4 KiB small-data box); per rank three staging slots; one single-producer ring per
+//! ordered pair of local ranks for point-to-point [`ShmLink`]s.
+//!
+//! Large all-to-all and all-gather calls may skip the slots: when every local rank agreed it
+//! can read every other's memory ([`Node::can_read`], [`Node::single_copy`]), they read each
+//! other's buffers directly ([`Node::peer_read`], `process_vm_readv`).
 //!
 //! In-node collectives ([`ShmFabric::run`], the [`super::NodeFabric`]) move data in chunks
 //! through the staging slots: each rank copies its chunk in, then **each rank reduces its own
