@@ -305,9 +305,10 @@ impl ShmFabric {
                 let (po, pl) = railring_collectives::plan::split(len / esz, nchunks, c);
                 (off + po * esz, pl * esz)
             };
-            // No wait before reusing slot s (last used by gen g-2): every generation ends with all
-            // ranks' `ready` >= g-1 observed, and a rank publishes `ready` for g-1 only after it
-            // finished g-2 entirely, so nobody still reads slot s.
+            // No wait before reusing slot s: for the first chunk slot_free saw its last user
+            // finished on every rank; each later chunk follows a generation whose `ready` flags
+            // were all observed, and a rank publishes `ready` for g-1 only after it finished g-2
+            // entirely, so nobody still reads slot s.
             if c == 0 {
                 self.publish_desc(g, desc, false);
             }
@@ -415,7 +416,7 @@ impl ShmFabric {
         let me = self.node.me;
         self.gen += 1;
         let g = self.gen;
-        // (slot reuse needs no wait: see run)
+        // (the line is free: see slot_free)
         let addr =
             |j: usize| -> &AtomicU64 { &*(self.node.line(j, g).add(16) as *const AtomicU64) };
         addr(me).store(input as u64, Ordering::Relaxed);
@@ -756,20 +757,7 @@ impl ShmFabric {
             }
             self.wait_all("reduce (waiting for peers' data)", g, hdr)?;
             self.check_digests(g, desc, digest, describe)?;
-            let mut fixed = [std::ptr::null::<u8>(); 64];
-            let heap: Vec<*const u8>;
-            let srcs: &[*const u8] = if l <= fixed.len() {
-                for (j, p) in fixed.iter_mut().enumerate().take(l) {
-                    *p = self.small_data(j, g, bytes);
-                }
-                &fixed[..l]
-            } else {
-                heap = (0..l)
-                    .map(|j| self.small_data(j, g, bytes) as *const u8)
-                    .collect();
-                &heap
-            };
-            kernels::reduce_many_raw(dtype, op, work, srcs, bytes);
+            self.reduce_small_data(g, bytes, dtype, op, work);
             return Ok(());
         }
         if me == root {
@@ -840,22 +828,39 @@ impl ShmFabric {
             describe,
             ..
         } = call;
-        // One cache line carries flag, descriptor and (up to 48 bytes) data: the slot starts with
-        // a header line [generation u64 | descriptor digest u64 | 48 inline bytes]; larger data
-        // follows the line. A peer polls that line and, for the common tiny call, finds
-        // everything it needs in that one transfer. The full descriptor goes to the control
-        // block, read only when digests differ (to name both calls).
-        let l = self.local_size();
+        // One cache line carries flag, descriptor and (up to 48 bytes) data: the generation's
+        // header line [generation u64 | descriptor digest u64 | 48 inline bytes]; larger data
+        // goes to the generation's box or slot (small_data). A peer polls that line and, for the
+        // common tiny call, finds everything it needs in that one transfer. The full descriptor
+        // sits beside it, read only when digests differ (to name both calls).
         let me = self.node.me;
         self.gen += 1;
         let g = self.gen;
-        // (slot reuse needs no wait: see run)
+        // (the line, box or slot is free: see slot_free)
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.line(j, g) as *const AtomicU64) };
         std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
         self.wait_all("all-reduce (waiting for peers' data)", g, hdr)?;
         self.check_digests(g, desc, digest, describe)?;
+        self.reduce_small_data(g, bytes, dtype, op, work);
+        Ok(())
+    }
+
+    /// Reduce every local rank's small data of generation `g` into `work`, in local-rank order
+    /// (so every rank that does it gets identical results).
+    ///
+    /// # Safety
+    /// Every rank's data of `g` is published; `work` valid for `bytes` of writes.
+    unsafe fn reduce_small_data(
+        &self,
+        g: u64,
+        bytes: usize,
+        dtype: railring_collectives::DataType,
+        op: railring_collectives::ReduceOp,
+        work: *mut u8,
+    ) {
+        let l = self.local_size();
         let mut fixed = [std::ptr::null::<u8>(); 64];
         let heap: Vec<*const u8>;
         let srcs: &[*const u8] = if l <= fixed.len() {
@@ -870,7 +875,6 @@ impl ShmFabric {
             &heap
         };
         kernels::reduce_many_raw(dtype, op, work, srcs, bytes);
-        Ok(())
     }
 
     /// Publish this rank's call for generation `g`: the full descriptor in the control block,
@@ -962,7 +966,7 @@ mod tests {
             let m = l + (l % 2);
             let mut met = vec![vec![0u32; l]; l];
             for k in 0..m.saturating_sub(1) {
-                for r in 0..l {
+                for (r, row) in met.iter_mut().enumerate() {
                     let p = tournament_partner(r, k, m);
                     assert_ne!(p, r, "l={l} round {k}: rank {r} meets itself");
                     if p < l {
@@ -971,15 +975,15 @@ mod tests {
                             r,
                             "l={l} round {k}: not mutual"
                         );
-                        met[r][p] += 1;
+                        row[p] += 1;
                     } else {
                         assert_eq!(l % 2, 1, "l={l}: a bye with an even number of ranks");
                     }
                 }
             }
-            for r in 0..l {
-                for p in (0..l).filter(|&p| p != r) {
-                    assert_eq!(met[r][p], 1, "l={l}: {r} and {p} met {} times", met[r][p]);
+            for (r, row) in met.iter().enumerate() {
+                for (p, &times) in row.iter().enumerate().filter(|&(p, _)| p != r) {
+                    assert_eq!(times, 1, "l={l}: {r} and {p} met {times} times");
                 }
             }
         }
