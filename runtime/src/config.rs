@@ -36,8 +36,8 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// `RAILRING_SHM_SLOT` (bytes, default 1 MiB): size of one shared-memory staging slot per rank.
     pub shm_slot: usize,
-    /// `RAILRING_SHM_SINGLE_COPY` (`auto` default, `off`): large in-node all-to-all, all-gather
-    /// and broadcast read peers' buffers directly (`process_vm_readv`, one copy instead of two
+    /// `RAILRING_SHM_SINGLE_COPY` (`auto` default, `off`): large in-node all-to-all and
+    /// all-gather read peers' buffers directly (`process_vm_readv`, one copy instead of two
     /// through the staging slots) when every local rank can read every other's memory.
     pub shm_single_copy: bool,
     /// `RAILRING_NET_CHUNK` (bytes, default 512 KiB): pipelining chunk on network links.

@@ -67,7 +67,7 @@ pub struct ShmFabric {
     /// Spins, then yields, before sleeping on the bell; short when ranks outnumber CPUs.
     spin_limit: u32,
     yield_limit: u32,
-    /// Where an in-place single-copy all-to-all collects the peers' blocks.
+    /// The bounce buffer of an in-place single-copy all-to-all (kept between calls).
     scratch: Vec<u8>,
     /// The least `ready` generation seen on every local rank: a slot last used by a generation
     /// below it is free ([`Self::slot_free`]).
@@ -192,6 +192,13 @@ impl ShmFabric {
         }
     }
 
+    /// Wait until local rank `j`'s `flag` reaches `target` (liveness and timeout checked as in
+    /// [`Self::wait_all`], naming `j` alone).
+    fn wait_peer(&self, what: &str, j: usize, target: u64, flag: &AtomicU64) -> Result<()> {
+        let done = AtomicU64::new(u64::MAX);
+        self.wait_all(what, target, |k| if k == j { flag } else { &done })
+    }
+
     /// Run one in-node collective (see [`crate::transport::NodeFabric::node_op`]), reading this rank's
     /// input from `call.src` when set (same offsets as `work`): an out-of-place call costs no
     /// extra pass over memory. All ranks pass identical slices; `desc` describes the call and
@@ -247,17 +254,17 @@ impl ShmFabric {
             };
         // only header lines and boxes (no staging slot) for single-copy calls and small ones
         self.slot_free(!(single || small && bytes <= SMALL_BOX))?;
-        match mode {
-            NodeMode::AllReduceSmall if fits => {
-                return self.small_allreduce(&call, src.add(base), work.add(base), bytes);
+        if small {
+            let (src, work) = (src.add(base), work.add(base));
+            match mode {
+                NodeMode::ReduceSmall { root } => {
+                    return self.small_rooted(&call, src, work, bytes, root, true)
+                }
+                NodeMode::Broadcast { root } => {
+                    return self.small_rooted(&call, src, work, bytes, root, false)
+                }
+                _ => return self.small_allreduce(&call, src, work, bytes),
             }
-            NodeMode::ReduceSmall { root } if fits => {
-                return self.small_rooted(&call, src.add(base), work.add(base), bytes, root, true);
-            }
-            NodeMode::Broadcast { root } if fits && bytes <= SMALL_BROADCAST => {
-                return self.small_rooted(&call, src.add(base), work.add(base), bytes, root, false);
-            }
-            _ => {}
         }
         if single {
             return self.single_copy(&call);
@@ -432,7 +439,7 @@ impl ShmFabric {
                 let (o, n) = slices[me];
                 std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
             }
-            return self.pairwise_all_to_all(g, work, slices);
+            return self.pairwise_all_to_all(g, work, slices, std::ptr::eq(input, work));
         }
         // all-gather: each rank starts with its next neighbour, so no buffer is read by every
         // rank at once
@@ -481,8 +488,8 @@ impl ShmFabric {
     /// The single-copy all-to-all of generation `g` (every rank's input address is published
     /// and seen) into `work`: pairwise rounds of a round-robin tournament, so a rank waits for
     /// one partner at a time. In the round where two ranks meet, each reads the other's block
-    /// for it and says so. Out of place it reads straight into `work`; in place (`work` is the
-    /// input it published) it reads into a bounce buffer and, once the partner says it has
+    /// for it and says so. Out of place it reads straight into `work`; in place it reads into
+    /// a bounce buffer and, once the partner says it has
     /// read the block this rank is about to overwrite, copies the bounce there. Both sides
     /// read at once, and the protocol is the same whether either side is in place, so ranks
     /// calling both ways meet. A rank returns only after every partner read its input.
@@ -491,14 +498,11 @@ impl ShmFabric {
         g: u64,
         work: *mut u8,
         slices: &[(usize, usize)],
+        in_place: bool,
     ) -> Result<()> {
         let l = self.local_size();
         let me = self.node.me;
         let n = slices[me].1;
-        let in_place = {
-            let a = &*(self.node.line(me, g).add(16) as *const AtomicU64);
-            a.load(Ordering::Relaxed) as usize == work as usize
-        };
         // the bounce is written by the kernel before it is read: its capacity is enough (no
         // pass zeroing it)
         let mut bounce = std::mem::take(&mut self.scratch);
@@ -508,7 +512,6 @@ impl ShmFabric {
         }
         let m = l + (l % 2); // a bye for odd sizes
         let base = g << 24;
-        let done = AtomicU64::new(u64::MAX);
         let mut result = Ok(());
         for k in 0..m - 1 {
             let p = tournament_partner(me, k, m);
@@ -520,19 +523,6 @@ impl ShmFabric {
                 signal(&self.node);
                 continue;
             }
-            let wait = |this: &Self| {
-                this.wait_all(
-                    "in-place all-to-all (waiting for the pair's partner)",
-                    base + k as u64 + 1,
-                    |j| {
-                        if j == p {
-                            this.node.pairs(p)
-                        } else {
-                            &done
-                        }
-                    },
-                )
-            };
             let dst = if in_place {
                 bounce.as_mut_ptr()
             } else {
@@ -544,7 +534,12 @@ impl ShmFabric {
             }
             signal(&self.node);
             if in_place {
-                result = wait(self);
+                result = self.wait_peer(
+                    "in-place all-to-all (waiting for the pair's partner)",
+                    p,
+                    base + k as u64 + 1,
+                    self.node.pairs(p),
+                );
                 if result.is_err() {
                     break;
                 }
@@ -557,10 +552,11 @@ impl ShmFabric {
             for k in 0..m - 1 {
                 let p = tournament_partner(me, k, m);
                 if p < l {
-                    result = self.wait_all(
+                    result = self.wait_peer(
                         "all-to-all (waiting for a partner to read this rank's input)",
+                        p,
                         base + k as u64 + 1,
-                        |j| if j == p { self.node.pairs(p) } else { &done },
+                        self.node.pairs(p),
                     );
                     if result.is_err() {
                         break;
@@ -766,28 +762,17 @@ impl ShmFabric {
             }
             return Ok(());
         }
-        let done = AtomicU64::new(u64::MAX);
-        self.wait_all("broadcast (waiting for the root's data)", g, |j| {
-            if j == root {
-                hdr(root)
-            } else {
-                &done
-            }
-        })?;
+        self.wait_peer(
+            "broadcast (waiting for the root's data)",
+            root,
+            g,
+            hdr(root),
+        )?;
         // the root's header line, its generation seen: the digest is the root's for this call
         let theirs =
             (*(self.node.line(root, g).add(8) as *const AtomicU64)).load(Ordering::Relaxed);
         if theirs != digest {
-            let mut full = [0u8; DESC];
-            std::ptr::copy_nonoverlapping(self.node.desc_ptr(root, g), full.as_mut_ptr(), DESC);
-            if &full != desc {
-                return Err(Error::Mismatch {
-                    rank: self.rank,
-                    peer: who(&self.node, root),
-                    mine: describe(desc),
-                    theirs: describe(&full),
-                });
-            }
+            self.check_desc_of(root, g, desc, describe)?;
         }
         std::ptr::copy_nonoverlapping(self.small_data(root, g, bytes), work, bytes);
         Ok(())
@@ -926,19 +911,31 @@ impl ShmFabric {
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
         for j in 0..self.local_size() {
-            let mut theirs = [0u8; DESC];
-            // SAFETY: inside the mapping; the peer does not rewrite it before we mark done.
-            unsafe {
-                std::ptr::copy_nonoverlapping(self.node.desc_ptr(j, g), theirs.as_mut_ptr(), DESC)
-            };
-            if &theirs != desc {
-                return Err(Error::Mismatch {
-                    rank: self.rank,
-                    peer: who(&self.node, j),
-                    mine: describe(desc),
-                    theirs: describe(&theirs),
-                });
-            }
+            self.check_desc_of(j, g, desc, describe)?;
+        }
+        Ok(())
+    }
+
+    /// Compare local rank `j`'s descriptor of generation `g` with ours; fail naming both calls.
+    fn check_desc_of(
+        &self,
+        j: usize,
+        g: u64,
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        let mut theirs = [0u8; DESC];
+        // SAFETY: inside the mapping; the peer does not rewrite it before we mark done.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.node.desc_ptr(j, g), theirs.as_mut_ptr(), DESC)
+        };
+        if &theirs != desc {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                peer: who(&self.node, j),
+                mine: describe(desc),
+                theirs: describe(&theirs),
+            });
         }
         Ok(())
     }

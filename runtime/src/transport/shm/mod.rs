@@ -337,7 +337,7 @@ pub struct Node {
     /// `process_vm_readv` and finds it proves it can read this process's memory.
     token: u64,
     /// Every local rank agreed it can read every other's memory ([`Node::peer_read`]): the
-    /// fabric's large all-to-all, all-gather and broadcast then copy once (see `fabric.rs`).
+    /// fabric's large all-to-all and all-gather then copy once (see `fabric.rs`).
     single_copy: AtomicBool,
 }
 
@@ -410,8 +410,8 @@ impl Node {
     fn reduced(&self, i: usize) -> &AtomicU64 {
         self.at(self.geo.ctl_off(i) + 64)
     }
-    /// Pairwise progress of an in-place single-copy all-to-all: `(generation << 24) | rounds
-    /// done` (see `ShmFabric::in_place_all_to_all`).
+    /// Pairwise progress of a single-copy all-to-all: `(generation << 24) | rounds done` (see
+    /// `ShmFabric::pairwise_all_to_all`).
     fn pairs(&self, i: usize) -> &AtomicU64 {
         self.at(self.geo.ctl_off(i) + 128)
     }
@@ -425,8 +425,6 @@ impl Node {
         // SAFETY: inside the control block.
         unsafe { self.seg.base().add(self.geo.ctl_off(i) + 256 + h * DESC) }
     }
-    /// Rank `i`'s header line for generation `g`: [generation | descriptor digest | 48 bytes:
-    /// a small call's data, or the address of a single-copy call's input].
     /// Rank `i`'s small-data box for generation `g` ([`SMALL_BOX`] bytes).
     fn small_box(&self, i: usize, g: u64) -> *mut u8 {
         let h = (g % NHDR as u64) as usize;
@@ -437,6 +435,8 @@ impl Node {
                 .add(self.geo.ctl_off(i) + 256 + NHDR * (DESC + SMALL_HDR) + h * SMALL_BOX)
         }
     }
+    /// Rank `i`'s header line for generation `g`: [generation | descriptor digest | 48 bytes:
+    /// a small call's data, or the address of a single-copy call's input].
     fn line(&self, i: usize, g: u64) -> *mut u8 {
         let h = (g % NHDR as u64) as usize;
         // SAFETY: inside the control block.
