@@ -215,14 +215,28 @@ fn in_node_single_copy_and_staged_paths_are_both_exact() {
 
 #[test]
 fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
-    // 2 + 2: the two-level algorithm with a TCP ring per local rank
-    all_ok(&direct(
+    // 2 + 2: the two-level algorithm with a TCP ring per local rank; the small all-to-all's
+    // exchanges with the other node run as one group
+    let outs = direct(
         4,
         &["all"],
-        &[],
+        &[
+            ("RAILRING_DEBUG", "DEBUG"),
+            ("RAILRING_DEBUG_SUBSYS", "exec"),
+        ],
         |r| format!("h{}", r / 2),
         Duration::from_secs(120),
-    ));
+    );
+    all_ok(&outs);
+    for (r, o) in outs.iter().enumerate() {
+        assert!(
+            o.stderr
+                .lines()
+                .any(|l| l.contains("all_to_all") && l.contains("exchanges as one group")),
+            "rank {r}: no grouped all-to-all exchanges:\n{}",
+            o.stderr.chars().take(3000).collect::<String>()
+        );
+    }
     // the same with tiny pipeline segments: every all-reduce above 8 KiB runs pipelined
     all_ok(&direct(
         4,

@@ -8,12 +8,24 @@
 //! allocation; the only allocations are per exchange (a send snapshot when regions overlap, one
 //! combined write for a small send) or per wait.
 
-use super::{CallDesc, Executor};
+use super::{Bufs, CallDesc, Executor};
 use crate::error::{Error, Result};
 use crate::transport::failover::RETAIN_TAIL;
 use crate::transport::{Backoff, Link, LinkError, MemKind, DESC};
+use railring_collectives::plan::{Step, Xfer};
 use railring_collectives::{kernels, DataType, ReduceOp};
 use std::time::Duration;
+
+/// Most consecutive exchanges run as one group.
+const GROUP_MAX: usize = 64;
+/// Largest send a group takes. A grouped send may reach its peer before the peer's plan
+/// gets to it; the peer's kernel buffers it, as an eager message. A larger one could fill the
+/// connection, and this side's acknowledgements to that peer travel on the same connection
+/// behind it: a peer waiting for one (its own large send to us) would wait forever.
+const GROUP_SEND_MAX: usize = 16 << 10;
+
+/// The send and receive links of one step of a group.
+pub(super) type GroupLinks = (Option<*mut dyn Link>, Option<*mut dyn Link>);
 
 /// One direction of an exchange: `len` bytes at `ptr` to or from `peer` on channel `chan`.
 /// `hdr`: the call's descriptor goes first (the first transfer with this peer and channel in
@@ -296,23 +308,168 @@ impl<'a> Executor<'a> {
             (Some(t), Some(l)) => Some(Receiver::new(t, l, x.recv_desc, x.reduce, stage, chunk)),
             _ => None,
         };
+        self.drive(
+            tx.as_mut_slice(),
+            rx.as_mut_slice(),
+            kind,
+            x.dtype,
+            x.op,
+            x.send_desc,
+        )
+    }
+
+    /// Several independent exchanges at once (see [`Executor::group_len`]): every send and
+    /// every receive progresses together, as the peers post theirs — the steps of a pairwise
+    /// all-to-all or a tree's sends to its children cost one round of latency instead of one
+    /// each. Host memory, no reduction, every link distinct per direction, no region written
+    /// that another reads or writes.
+    ///
+    /// # Safety
+    /// The regions valid for their lengths; the links alive.
+    pub(super) unsafe fn exchange_group(
+        &mut self,
+        sends: &[(Transfer<*const u8>, *mut (dyn Link + 'static))],
+        recvs: &[(Transfer<*mut u8>, *mut (dyn Link + 'static))],
+        desc: &[u8; DESC],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let kind = MemKind::Host;
+        let chunk = (self.chunk / dtype.size()).max(1) * dtype.size();
+        let mut tx: Vec<Sender<'_>> = sends
+            .iter()
+            .map(|&(t, l)| Sender::new(t, l, desc, kind))
+            .collect();
+        let mut rx: Vec<Receiver<'_>> = recvs
+            .iter()
+            .map(|&(t, l)| Receiver::new(t, l, desc, false, std::ptr::null_mut(), chunk))
+            .collect();
+        self.drive(&mut tx, &mut rx, kind, dtype, op, desc)
+    }
+
+    /// How many of `steps` (the current one first) run as one group through
+    /// [`Self::exchange_group`]; below 2, the current one runs alone. A step joins while it is a
+    /// host-memory exchange without reduction, it sends at most [`GROUP_SEND_MAX`] bytes and
+    /// nothing the group receives into, it receives into nothing the group reads or writes, and
+    /// its links take early sends ([`Link::early_sends`]: TCP, shared memory) and differ from
+    /// the group's in the same direction. Links of later steps must exist already (connecting
+    /// out of plan order could wait on a peer that waits on us). `links` gets each grouped
+    /// step's two links.
+    ///
+    /// Running them together lets transfers start earlier than one step at a time would (each
+    /// link still carries its transfers in plan order): receives early cost nothing, and sends
+    /// early are small enough for the peer's kernel to hold until its plan takes them, so a
+    /// plan that completes step by step completes grouped.
+    ///
+    /// # Safety
+    /// The links alive; the regions inside `bufs` (checked).
+    pub(super) unsafe fn group_len(
+        &mut self,
+        steps: &[Step],
+        bufs: &Bufs,
+        esz: usize,
+        links: &mut Vec<GroupLinks>,
+    ) -> Result<usize> {
+        let plain = |s: &Step| matches!(s, Step::Exchange { reduce: false, .. });
+        if self.mem.is_some() || steps.len() < 2 || !plain(&steps[0]) || !plain(&steps[1]) {
+            return Ok(0);
+        }
+        let span = |x: &Option<Xfer>| -> Result<Option<(usize, usize)>> {
+            match x {
+                Some(x) if x.region.len > 0 => {
+                    let (p, n) = bufs.region(&x.region, esz)?;
+                    Ok(Some((p as usize, p as usize + n)))
+                }
+                _ => Ok(None),
+            }
+        };
+        let meet = |a: (usize, usize), b: &(usize, usize)| a.0 < b.1 && b.0 < a.1;
+        let mut written: Vec<(usize, usize)> = Vec::new();
+        let mut read: Vec<(usize, usize)> = Vec::new();
+        for (k, step) in steps.iter().take(GROUP_MAX).enumerate() {
+            let Step::Exchange {
+                send,
+                recv,
+                reduce: false,
+            } = step
+            else {
+                break;
+            };
+            let (s, r) = (span(send)?, span(recv)?);
+            if s.is_some_and(|s| s.1 - s.0 > GROUP_SEND_MAX || written.iter().any(|w| meet(s, w)))
+                || r.is_some_and(|r| {
+                    written.iter().chain(&read).any(|w| meet(r, w))
+                        || s.is_some_and(|s| meet(r, &s))
+                })
+            {
+                break;
+            }
+            let mut link = |x: &Option<Xfer>, on: bool| -> Result<Option<Option<*mut dyn Link>>> {
+                let Some(x) = x.as_ref().filter(|_| on) else {
+                    return Ok(Some(None));
+                };
+                let l = if k == 0 {
+                    self.links.link(x.peer, x.chan)?
+                } else {
+                    match self.links.existing(x.peer, x.chan) {
+                        Some(l) => l,
+                        None => return Ok(None),
+                    }
+                };
+                Ok((*l).early_sends().then_some(Some(l)))
+            };
+            let (Some(sl), Some(rl)) = (link(send, s.is_some())?, link(recv, r.is_some())?) else {
+                break;
+            };
+            let taken = |l: Option<*mut dyn Link>,
+                         dir: fn(&GroupLinks) -> Option<*mut dyn Link>| {
+                l.is_some_and(|l| {
+                    links
+                        .iter()
+                        .filter_map(dir)
+                        .any(|m| std::ptr::addr_eq(m, l))
+                })
+            };
+            if taken(sl, |g| g.0) || taken(rl, |g| g.1) {
+                break;
+            }
+            links.push((sl, rl));
+            written.extend(r);
+            read.extend(s);
+        }
+        Ok(links.len())
+    }
+
+    /// Progress every half until none moves, then wait for the links; done when all are.
+    ///
+    /// # Safety
+    /// As [`Self::exchange`].
+    unsafe fn drive(
+        &mut self,
+        tx: &mut [Sender<'_>],
+        rx: &mut [Receiver<'_>],
+        kind: MemKind,
+        dtype: DataType,
+        op: ReduceOp,
+        what: &[u8; DESC],
+    ) -> Result<()> {
         let mut b = Backoff::new();
         loop {
             let mut progress = false;
-            if let Some(s) = tx.as_mut().filter(|s| !s.done) {
+            for s in tx.iter_mut().filter(|s| !s.done) {
                 progress |= s.pump(kind).map_err(|e| self.link_err(s.peer, e))?;
             }
-            if let Some(r) = rx.as_mut().filter(|r| !r.done) {
-                progress |= self.pump_recv(r, kind, x.dtype, x.op)?;
+            for r in rx.iter_mut().filter(|r| !r.done) {
+                progress |= self.pump_recv(r, kind, dtype, op)?;
             }
             if progress {
                 b.reset();
                 continue;
             }
-            if tx.as_ref().is_none_or(|s| s.done) && rx.as_ref().is_none_or(|r| r.done) {
+            if tx.iter().all(|s| s.done) && rx.iter().all(|r| r.done) {
                 return Ok(());
             }
-            self.wait(tx.as_ref(), rx.as_ref(), &mut b, x.send_desc)?;
+            self.wait(tx, rx, &mut b, what)?;
         }
     }
 
@@ -422,14 +579,13 @@ impl<'a> Executor<'a> {
     /// The halves' links are alive.
     unsafe fn wait(
         &mut self,
-        tx: Option<&Sender<'_>>,
-        rx: Option<&Receiver<'_>>,
+        tx: &[Sender<'_>],
+        rx: &[Receiver<'_>],
         b: &mut Backoff,
         what: &[u8; DESC],
     ) -> Result<()> {
         let fds = pending_fds(tx, rx);
-        let need =
-            usize::from(tx.is_some_and(|s| !s.done)) + usize::from(rx.is_some_and(|r| !r.done));
+        let need = tx.iter().filter(|s| !s.done).count() + rx.iter().filter(|r| !r.done).count();
         idle(tx, rx, &fds, need, b);
         if b.check_due() || fds.len() == need {
             self.check_stall(tx, rx, b, what)?;
@@ -446,26 +602,29 @@ impl<'a> Executor<'a> {
     /// The halves' links are alive.
     unsafe fn check_stall(
         &self,
-        tx: Option<&Sender<'_>>,
-        rx: Option<&Receiver<'_>>,
+        tx: &[Sender<'_>],
+        rx: &[Receiver<'_>],
         b: &Backoff,
         what: &[u8; DESC],
     ) -> Result<()> {
-        let pending_s = tx.filter(|s| !s.done);
-        let pending_r = rx.filter(|r| !r.done);
-        if let Some(s) = pending_s {
-            (*s.link).heal(true).map_err(|e| self.link_err(s.peer, e))?;
-        }
-        if let Some(r) = pending_r {
-            if pending_s.is_none_or(|s| !std::ptr::addr_eq(s.link, r.link)) {
-                (*r.link).heal(true).map_err(|e| self.link_err(r.peer, e))?;
+        let pending = tx
+            .iter()
+            .filter(|s| !s.done)
+            .map(|s| (s.link, s.peer))
+            .chain(rx.iter().filter(|r| !r.done).map(|r| (r.link, r.peer)));
+        let mut healed: Vec<*mut dyn Link> = Vec::new();
+        let mut waiting = Vec::new();
+        for (l, peer) in pending {
+            // each link once (a send and a receive may share one)
+            if !healed.iter().any(|h| std::ptr::addr_eq(*h, l)) {
+                (*l).heal(true).map_err(|e| self.link_err(peer, e))?;
+                healed.push(l);
+            }
+            if !waiting.contains(&peer) {
+                waiting.push(peer);
             }
         }
         if b.waited() > self.timeout {
-            let mut waiting = Vec::new();
-            waiting.extend(pending_s.map(|s| s.peer));
-            waiting.extend(pending_r.map(|r| r.peer));
-            waiting.dedup();
             return Err(Error::Timeout {
                 rank: self.rank,
                 secs: self.timeout.as_secs(),
@@ -478,20 +637,19 @@ impl<'a> Executor<'a> {
 }
 
 /// Wait once. When every pending half has a file descriptor (`fds`, `need` halves pending)
-/// they are polled (the kernel wakes us); a shared-memory link parks on its node's bell;
+/// they are polled (the kernel wakes us); a shared-memory link parks on its node's bell (only
+/// when it is the one link waited on: the bell's check looks at one link);
 /// otherwise back off (spin, yield, sleep).
 ///
 /// # Safety
 /// The halves' links are alive.
 unsafe fn idle(
-    tx: Option<&Sender<'_>>,
-    rx: Option<&Receiver<'_>>,
+    tx: &[Sender<'_>],
+    rx: &[Receiver<'_>],
     fds: &[(i32, i16)],
     need: usize,
     b: &mut Backoff,
 ) {
-    let (s_done, r_done) = (tx.is_none_or(|s| s.done), rx.is_none_or(|r| r.done));
-    let (sl, rl) = (tx.map(|s| s.link), rx.map(|r| r.link));
     if fds.len() == need && b.waited() > Duration::from_micros(50) {
         let mut p: Vec<libc::pollfd> = fds
             .iter()
@@ -502,9 +660,11 @@ unsafe fn idle(
             })
             .collect();
         libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 100);
-    } else if b.waited() > Duration::from_micros(20) {
+    } else if b.waited() > Duration::from_micros(20) && tx.len() <= 1 && rx.len() <= 1 {
         // A shared-memory link sleeps on its node's bell (woken by the peer's next
         // store); with a TCP link also pending, only briefly, then poll again.
+        let (s_done, r_done) = (tx.iter().all(|s| s.done), rx.iter().all(|r| r.done));
+        let (sl, rl) = (tx.first().map(|s| s.link), rx.first().map(|r| r.link));
         let short = if fds.is_empty() {
             Duration::from_millis(5)
         } else {
@@ -532,16 +692,16 @@ unsafe fn idle(
 ///
 /// # Safety
 /// The halves' links are alive.
-unsafe fn pending_fds(tx: Option<&Sender<'_>>, rx: Option<&Receiver<'_>>) -> Vec<(i32, i16)> {
-    [
-        tx.filter(|s| !s.done)
-            .and_then(|s| (*s.link).poll_events(true)),
-        rx.filter(|r| !r.done)
-            .and_then(|r| (*r.link).poll_events(false)),
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
+unsafe fn pending_fds(tx: &[Sender<'_>], rx: &[Receiver<'_>]) -> Vec<(i32, i16)> {
+    tx.iter()
+        .filter(|s| !s.done)
+        .filter_map(|s| (*s.link).poll_events(true))
+        .chain(
+            rx.iter()
+                .filter(|r| !r.done)
+                .filter_map(|r| (*r.link).poll_events(false)),
+        )
+        .collect()
 }
 
 /// A send region that overlaps the receive region (recursive doubling exchanges whole

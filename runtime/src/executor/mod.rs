@@ -227,6 +227,7 @@ impl<'a> Executor<'a> {
             std::ptr::copy(p, bufs.work, bufs.work_bytes);
             src = None;
         }
+        let mut group = Vec::new();
         let mut i = 0;
         let trace = tracing::enabled!(target: "railring::exec", tracing::Level::TRACE);
         while i < plan.steps.len() {
@@ -234,17 +235,35 @@ impl<'a> Executor<'a> {
             let step_index = i;
             match &plan.steps[i] {
                 Step::Exchange { send, recv, reduce } => {
-                    let send = bufs.transfer(send.as_ref(), esz, &mut hdr_sent)?;
-                    let recv = bufs.transfer(recv.as_ref(), esz, &mut hdr_recv)?;
-                    self.exchange(ExchangeOp {
-                        send: send.map(Transfer::read_only),
-                        recv,
-                        reduce: *reduce,
-                        send_desc: &d,
-                        recv_desc: &d,
-                        dtype,
-                        op,
-                    })?;
+                    group.clear();
+                    let n = self.group_len(&plan.steps[i..], &bufs, esz, &mut group)?;
+                    if n >= 2 {
+                        let mut sends = Vec::with_capacity(n);
+                        let mut recvs = Vec::with_capacity(n);
+                        for (step, &(sl, rl)) in plan.steps[i..i + n].iter().zip(&group) {
+                            if let Step::Exchange { send, recv, .. } = step {
+                                let st = bufs.transfer(send.as_ref(), esz, &mut hdr_sent)?;
+                                let rt = bufs.transfer(recv.as_ref(), esz, &mut hdr_recv)?;
+                                sends.extend(st.zip(sl).map(|(t, l)| (t.read_only(), l)));
+                                recvs.extend(rt.zip(rl));
+                            }
+                        }
+                        self.exchange_group(&sends, &recvs, &d, dtype, op)?;
+                        tracing::debug!(target: "railring::exec", rank = self.rank, "{} steps {i}..{}: {n} exchanges as one group", CallDesc::describe_bytes(&d), i + n);
+                        i += n - 1;
+                    } else {
+                        let send = bufs.transfer(send.as_ref(), esz, &mut hdr_sent)?;
+                        let recv = bufs.transfer(recv.as_ref(), esz, &mut hdr_recv)?;
+                        self.exchange(ExchangeOp {
+                            send: send.map(Transfer::read_only),
+                            recv,
+                            reduce: *reduce,
+                            send_desc: &d,
+                            recv_desc: &d,
+                            dtype,
+                            op,
+                        })?;
+                    }
                 }
                 Step::NodeReduceScatter { group, slices } => {
                     // Fuse only when the node is the whole communicator: then every rank's plan is

@@ -26,6 +26,12 @@ pub const DEVICE_CHAN: usize = 1 << 17;
 pub trait Links: Send {
     /// A stable pointer to the link (valid until the provider is dropped).
     fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link>;
+    /// The link to a peer on a channel if it exists already (never connects: the executor
+    /// looks ahead with it, and a connect out of plan order could wait on a peer that waits
+    /// on us).
+    fn existing(&mut self, _peer: usize, _chan: usize) -> Option<*mut dyn Link> {
+        None
+    }
     /// Host name of a peer, for errors.
     fn host_of(&self, peer: usize) -> String;
     /// Called now and then while the executor waits: let links that are not part of the
@@ -82,12 +88,24 @@ pub struct LinkTable {
 pub type RingMaker =
     Arc<dyn Fn() -> std::io::Result<Box<dyn crate::transport::rdma::DeviceRings>> + Send + Sync>;
 
-impl Links for LinkTable {
-    fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link> {
-        let key = match self.local_index.get(&peer) {
+impl LinkTable {
+    /// The map key of a link: one shared-memory link per local peer, whatever the channel.
+    fn key(&self, peer: usize, chan: usize) -> (usize, usize) {
+        match self.local_index.get(&peer) {
             Some(_) => (peer, 0),
             None => (peer, chan),
-        };
+        }
+    }
+}
+
+impl Links for LinkTable {
+    fn existing(&mut self, peer: usize, chan: usize) -> Option<*mut dyn Link> {
+        let key = self.key(peer, chan);
+        self.map.get_mut(&key).map(|l| &mut **l as *mut dyn Link)
+    }
+
+    fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link> {
+        let key = self.key(peer, chan);
         if let Some(l) = self.map.get_mut(&key) {
             return Ok(&mut **l as *mut dyn Link);
         }

@@ -166,6 +166,13 @@ pub trait Link: Send {
     fn ack(&mut self, _urgent: bool) -> Result<(), LinkError> {
         Ok(())
     }
+    /// Whether a small send (at most 16 KiB) may go out before the peer's plan reaches it,
+    /// in a group of exchanges the executor runs at once: true when such bytes wait in a
+    /// buffer of their own (a socket's, a shared-memory ring) and nothing the peer needs from
+    /// this side queues behind them for long. False (the default): one exchange at a time.
+    fn early_sends(&self) -> bool {
+        false
+    }
     /// After moving rails, the stream offset the current send must continue from (taken once).
     fn rewound(&mut self) -> Option<u64> {
         None

@@ -646,6 +646,9 @@ impl TcpLink {
 }
 
 impl Link for TcpLink {
+    fn early_sends(&self) -> bool {
+        true
+    }
     fn describe(&self) -> String {
         self.desc.clone()
     }

@@ -208,6 +208,8 @@ fn main() {
                 n + 1,
                 13,
                 1000,
+                // 16 KiB: the largest all-to-all block the executor sends grouped
+                4096,
                 8209,
                 16_411,
                 70_001,

@@ -294,6 +294,9 @@ impl RailLink {
 }
 
 impl Link for RailLink {
+    fn early_sends(&self) -> bool {
+        true
+    }
     fn describe(&self) -> String {
         self.lock().describe()
     }

@@ -26,6 +26,9 @@ impl ShmLink {
 }
 
 impl Link for ShmLink {
+    fn early_sends(&self) -> bool {
+        true
+    }
     fn describe(&self) -> String {
         format!(
             "shm local {} -> local {} on {}",
