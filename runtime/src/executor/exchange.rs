@@ -2,7 +2,9 @@
 //! region from another, concurrently, from one thread, over non-blocking links — in named
 //! parts: resolving the links, the snapshot of a send region the receive overwrites, the
 //! staging area, the sending half ([`Sender`]), the receiving half (descriptor check, data
-//! straight into place or reduced chunk by chunk), and the wait when neither half can move.
+//! straight into place or reduced chunk by chunk), and the wait when neither half can move —
+//! and a group of independent exchanges driven the same way at once ([`Executor::group_len`],
+//! [`Executor::exchange_group`]).
 //!
 //! This is the hot path: each half's progress moves bytes with one link call per attempt and no
 //! allocation; the only allocations are per exchange (a send snapshot when regions overlap, one

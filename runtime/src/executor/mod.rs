@@ -4,6 +4,7 @@
 //! - `Exchange` steps drive the send and the receive concurrently from one thread through
 //!   non-blocking links; received data that must be reduced lands in a chunk-sized staging
 //!   buffer and is reduced chunk by chunk while the kernel keeps receiving the next chunk.
+//!   Consecutive independent exchanges with small sends run as one group (all at once).
 //! - The first transfer with each peer in a call carries the call's descriptor (sequence number,
 //!   kind, dtype, count, op, root); a peer whose descriptor differs fails the call naming both.
 //! - A `NodeReduceScatter` immediately followed by a `NodeAllGather` over the same group and
@@ -272,19 +273,20 @@ impl<'a> Executor<'a> {
                     let fused = group.len() == self.size
                         && matches!(plan.steps.get(i + 1), Some(Step::NodeAllGather { group: g2, slices: s2 }) if g2 == group && s2 == slices);
                     let total: usize = slices.iter().map(|s| s.len).sum::<usize>() * esz;
+                    let root = group.iter().position(|&r| r == desc.root as usize);
                     let mode = if fused {
                         i += 1;
-                        if total <= 32 << 10 && slices.windows(2).all(|w| w[0].end() == w[1].offset)
-                        {
-                            // a small one-node reduce: only the root waits for the data
-                            match group.iter().position(|&r| r == desc.root as usize) {
-                                Some(root) if desc.kind == CollKind::Reduce => {
-                                    NodeMode::ReduceSmall { root }
-                                }
-                                _ => NodeMode::AllReduceSmall,
+                        match root {
+                            // a one-node reduce: only the root needs the result
+                            Some(root) if desc.kind == CollKind::Reduce => {
+                                NodeMode::Reduce { root }
                             }
-                        } else {
-                            NodeMode::AllReduce
+                            _ if total <= 32 << 10
+                                && slices.windows(2).all(|w| w[0].end() == w[1].offset) =>
+                            {
+                                NodeMode::AllReduceSmall
+                            }
+                            _ => NodeMode::AllReduce,
                         }
                     } else {
                         NodeMode::ReduceScatter

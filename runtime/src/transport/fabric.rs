@@ -20,10 +20,10 @@ pub enum NodeMode {
     AllReduce,
     /// Small all-reduce: every rank reduces the whole (small) buffer itself; one flag round.
     AllReduceSmall,
-    /// Small reduce to local index `root` (the node is the whole communicator): the root's
-    /// buffer receives the reduction; the others only hand their data over. A fabric may run it
-    /// as [`NodeMode::AllReduceSmall`].
-    ReduceSmall { root: usize },
+    /// Reduce to local index `root` (the node is the whole communicator): the root's buffer
+    /// receives the reduction; the others only hand their data over (their buffers are
+    /// scratch). A fabric may run it as an all-reduce.
+    Reduce { root: usize },
     /// Broadcast from local index `root`: every member's `slices[0]` receives the root's.
     Broadcast { root: usize },
     /// All-to-all: `slices[j]` is local rank j's block, at the same offsets in this rank's

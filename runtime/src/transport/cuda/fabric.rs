@@ -537,7 +537,7 @@ impl GpuFabric {
             .bind_to_thread()
             .map_err(|e| self.err("binding the CUDA context", e))?;
         let mode = match mode {
-            NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => NodeMode::AllReduce,
+            NodeMode::AllReduceSmall | NodeMode::Reduce { .. } => NodeMode::AllReduce,
             m => m,
         };
         let kern = match mode {
@@ -654,7 +654,7 @@ impl GpuFabric {
                         self.sync()?;
                     }
                 }
-                NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => {
+                NodeMode::AllReduceSmall | NodeMode::Reduce { .. } => {
                     unreachable!("rewritten above")
                 }
                 NodeMode::AllToAll => unreachable!("refused above"),

@@ -28,6 +28,9 @@ pub const SINGLE_COPY_ALLGATHER_MIN: usize = 64 << 10;
 /// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
 /// returns, every other rank copies from it.
 const SMALL_BROADCAST: usize = 32 << 10;
+/// A reduce of at most this many bytes goes in one round: the others write and return, the
+/// root reduces.
+const SMALL_REDUCE: usize = 32 << 10;
 /// A bounce buffer (in-place single-copy all-to-all) larger than this is freed after the call.
 const SCRATCH_KEEP: usize = 64 << 20;
 
@@ -246,9 +249,11 @@ impl ShmFabric {
                 NodeMode::AllGather => largest >= SINGLE_COPY_ALLGATHER_MIN,
                 _ => false,
             };
+        let contiguous = slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
         let small = fits
             && match mode {
-                NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => true,
+                NodeMode::AllReduceSmall => true,
+                NodeMode::Reduce { .. } => bytes <= SMALL_REDUCE && contiguous,
                 NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
                 _ => false,
             };
@@ -257,7 +262,7 @@ impl ShmFabric {
         if small {
             let (src, work) = (src.add(base), work.add(base));
             match mode {
-                NodeMode::ReduceSmall { root } => {
+                NodeMode::Reduce { root } => {
                     return self.small_rooted(&call, src, work, bytes, root, true)
                 }
                 NodeMode::Broadcast { root } => {
@@ -269,9 +274,11 @@ impl ShmFabric {
         if single {
             return self.single_copy(&call);
         }
-        let mode = match mode {
-            NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => NodeMode::AllReduce,
-            m => m,
+        // a large reduce runs as the all-reduce, with only the root copying the result out
+        let (mode, root) = match mode {
+            NodeMode::AllReduceSmall => (NodeMode::AllReduce, None),
+            NodeMode::Reduce { root } => (NodeMode::AllReduce, Some(root)),
+            m => (m, None),
         };
         // Piece capacity per local rank inside one slot, a multiple of 64 bytes.
         let (piece_cap, max_slice) = match mode {
@@ -300,7 +307,7 @@ impl ShmFabric {
         let cap_elems = (piece_cap / esz).max(1);
         let nchunks = max_elems.div_ceil(cap_elems).max(1);
         if mode == NodeMode::AllReduce {
-            return self.allreduce_chunks(&call, src, piece_cap, nchunks, stream);
+            return self.allreduce_chunks(&call, src, piece_cap, nchunks, stream, root);
         }
         for c in 0..nchunks {
             self.gen += 1;
@@ -393,7 +400,7 @@ impl ShmFabric {
                         std::ptr::copy_nonoverlapping(src.add(o), work.add(o), n);
                     }
                 }
-                NodeMode::AllReduce | NodeMode::AllReduceSmall | NodeMode::ReduceSmall { .. } => {
+                NodeMode::AllReduce | NodeMode::AllReduceSmall | NodeMode::Reduce { .. } => {
                     unreachable!("handled above")
                 }
             }
@@ -598,7 +605,8 @@ impl ShmFabric {
     /// every peer `ready` for chunk c, which a peer publishes only after copying chunk c-2 out —
     /// its last read of our slot for chunk c-2. Across calls, the last chunk waits for every
     /// `reduced`, which keeps the invariant the other modes rely on (see [`Self::run`]).
-    /// `src`: the call's input ([`NodeOp::input`]).
+    /// `src`: the call's input ([`NodeOp::input`]). `root`: a reduce to that local rank — the
+    /// others neither write their result nor copy pieces out.
     unsafe fn allreduce_chunks(
         &mut self,
         call: &NodeOp<'_>,
@@ -606,6 +614,7 @@ impl ShmFabric {
         piece_cap: usize,
         nchunks: usize,
         stream: bool,
+        root: Option<usize>,
     ) -> Result<()> {
         let &NodeOp {
             dtype,
@@ -619,6 +628,8 @@ impl ShmFabric {
         let l = self.local_size();
         let me = self.node.me;
         let esz = dtype.size();
+        // whether this rank needs the result (not a reduce's other ranks)
+        let result = root.is_none_or(|r| r == me);
         let base = self.gen;
         self.gen += nchunks as u64;
         let gen_of = |c: usize| base + 1 + c as u64;
@@ -656,7 +667,7 @@ impl ShmFabric {
                 dtype,
                 op,
                 node.chunk_area(me, s).add(me * piece_cap),
-                Some((work.add(o), stream)),
+                result.then(|| (work.add(o), stream)),
                 &srcs,
                 n,
             );
@@ -666,9 +677,19 @@ impl ShmFabric {
             if c + 1 < nchunks {
                 copy_in(c + 1);
             }
+            if !result && c + 1 < nchunks {
+                // a reduce's other rank copies nothing out. Its next chunk's wait for `ready`
+                // still orders it after the root's copy-out of chunk c-1 (whose slot chunk c+2
+                // reuses), as in the all-reduce.
+                continue;
+            }
             self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
                 self.node.reduced(j)
             })?;
+            if !result {
+                // the last chunk: waiting for every `reduced` keeps the invariant across calls
+                continue;
+            }
             for j in (0..l).filter(|&j| j != me) {
                 let (o, n) = piece(c, j);
                 let from = node.chunk_area(j, s).add(j * piece_cap);
