@@ -1,7 +1,8 @@
 //! This machine's identity: hostname, kernel boot id, network namespace. Two processes are on
 //! the same node when they share hostname, kernel boot id and network namespace: emulated hosts
 //! (namespaces on one kernel) share the boot id but not the network namespace; two real machines
-//! can share a hostname but not a boot id.
+//! can share a hostname but not a boot id. Also the one clock fact the runtime needs: whether
+//! the CPU's time-stamp counter is a valid clock here ([`tsc_clock`]).
 
 use std::os::unix::fs::MetadataExt;
 
@@ -36,4 +37,16 @@ pub fn hostname() -> String {
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "unknown-host".into())
+}
+
+/// Whether the kernel keeps time with the CPU's time-stamp counter. It does so only when the
+/// counter runs at a constant rate, does not stop in idle states and agrees across CPUs, so
+/// reading it directly (a few nanoseconds, no vDSO call) is then a valid monotonic clock on
+/// any CPU this process moves to.
+pub fn tsc_clock() -> bool {
+    cfg!(target_arch = "x86_64")
+        && std::fs::read_to_string(
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        )
+        .is_ok_and(|s| s.trim() == "tsc")
 }

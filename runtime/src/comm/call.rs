@@ -357,10 +357,10 @@ impl Inner {
         input: &[u8],
         src: Option<&[u8]>,
     ) -> Result<()> {
-        let t0 = std::time::Instant::now();
+        let t0 = self.strag.now();
         self.exec_call(c, work, input, src)?;
         if !self.strag.internal && self.size > 1 {
-            self.strag.record(t0.elapsed());
+            self.strag.record_since(t0);
             let every = self.world.cfg.straggler;
             if every > 0 && self.strag.calls.is_multiple_of(every) {
                 let rows = self.stragglers(every as usize)?;

@@ -12,44 +12,109 @@
 //! all-gather) and rank 0 prints one line naming the ranks that most often arrived last, with
 //! their mean and maximum delay, and the hosts they are on.
 //!
+//! Timing costs two clock reads per call, so on a sub-microsecond call the clock matters: where
+//! the kernel itself keeps time with the CPU's time-stamp counter ([`machine::tsc_clock`]) the
+//! recorder reads the counter directly and converts ticks to microseconds only when durations
+//! are read out, at the rate measured against [`Instant`] since the recorder started.
+//!
 //! [`Communicator::stragglers`]: super::Communicator::stragglers
 
-use std::time::Duration;
+use crate::machine;
+use std::time::Instant;
 
 /// Calls remembered per rank (the per-rank view covers at most this many recent calls).
 pub const WINDOW: usize = 4096;
 
+/// The recorder's clock: time-stamp counter ticks, or nanoseconds since `t0`.
+struct Ticks {
+    tsc: bool,
+    t0: Instant,
+    c0: u64,
+}
+
+impl Ticks {
+    fn new(tsc: bool) -> Ticks {
+        let t0 = Instant::now();
+        let mut t = Ticks { tsc, t0, c0: 0 };
+        t.c0 = t.now();
+        t
+    }
+
+    #[inline]
+    fn now(&self) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if self.tsc {
+            // SAFETY: RDTSC has no preconditions; `tsc` is set only on x86-64
+            return unsafe { core::arch::x86_64::_rdtsc() };
+        }
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    /// Ticks per microsecond, measured over the time since `t0` (at least a millisecond, so
+    /// the two clocks' read-out jitter stays below 0.01 %; nanoseconds: 1000).
+    fn per_us(&self) -> f64 {
+        if !self.tsc {
+            return 1000.0;
+        }
+        let least = std::time::Duration::from_millis(1);
+        if let Some(wait) = least.checked_sub(self.t0.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let ns = self.t0.elapsed().as_nanos() as f64;
+        self.now().saturating_sub(self.c0) as f64 / (ns / 1000.0)
+    }
+}
+
 /// This rank's durations of its recent collective calls.
 pub(super) struct Recorder {
-    /// Microseconds, ring buffer of the last [`WINDOW`] calls.
-    durs: Vec<u32>,
+    /// Clock ticks, ring buffer of the last [`WINDOW`] calls.
+    durs: Vec<u64>,
     /// Calls recorded so far.
     pub calls: u64,
     /// Calls made by the report itself are not recorded.
     pub internal: bool,
+    clock: Ticks,
 }
 
 impl Recorder {
     pub fn new() -> Recorder {
+        Recorder::with_tsc(machine::tsc_clock())
+    }
+
+    fn with_tsc(tsc: bool) -> Recorder {
         Recorder {
             durs: Vec::new(),
             calls: 0,
             internal: false,
+            clock: Ticks::new(tsc),
         }
     }
 
-    pub fn record(&mut self, d: Duration) {
-        let us = d.as_micros().min(u32::MAX as u128) as u32;
+    /// The clock now, for [`Recorder::record_since`].
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// Record a call that started at `start` ([`Recorder::now`]).
+    pub fn record_since(&mut self, start: u64) {
+        self.record(self.clock.now().saturating_sub(start));
+    }
+
+    /// Record a call that took `d` ticks.
+    fn record(&mut self, d: u64) {
         if self.durs.len() < WINDOW {
-            self.durs.push(us);
+            self.durs.push(d);
         } else {
-            self.durs[(self.calls % WINDOW as u64) as usize] = us;
+            self.durs[(self.calls % WINDOW as u64) as usize] = d;
         }
         self.calls += 1;
     }
 
-    /// The last `n` durations (at most [`WINDOW`] and at most the calls made), oldest first.
+    /// The last `n` durations in microseconds (at most [`WINDOW`] and at most the calls made),
+    /// oldest first.
     pub fn last(&self, n: usize) -> Vec<u32> {
+        let per_us = self.clock.per_us();
         let have = self.durs.len();
         let n = n.min(have);
         let end = (self.calls % WINDOW as u64) as usize;
@@ -60,7 +125,7 @@ impl Recorder {
                 } else {
                     (end + WINDOW - n + k) % WINDOW
                 };
-                self.durs[i]
+                (self.durs[i] as f64 / per_us).min(u32::MAX as f64) as u32
             })
             .collect()
     }
@@ -236,18 +301,26 @@ mod tests {
 
     #[test]
     fn the_ring_buffer_keeps_the_last_calls_in_order() {
-        let mut r = Recorder::new();
+        // the nanosecond clock (the counter's rate is measured, not exact)
+        let mut r = Recorder::with_tsc(false);
         for i in 0..(WINDOW as u64 + 10) {
-            r.record(Duration::from_micros(i));
+            r.record(i * 1000);
         }
         let l = r.last(3);
         assert_eq!(
             l,
             vec![WINDOW as u32 + 7, WINDOW as u32 + 8, WINDOW as u32 + 9]
         );
-        let mut r = Recorder::new();
-        r.record(Duration::from_micros(5));
+        let mut r = Recorder::with_tsc(false);
+        r.record(5000);
         assert_eq!(r.last(10), vec![5]);
+        // the counter's rate, measured: a 2 ms sleep reads as about 2000 us
+        let mut r = Recorder::new();
+        let t = r.now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        r.record_since(t);
+        let us = r.last(1)[0];
+        assert!((1900..20_000).contains(&us), "{us} us");
         assert!(analyze(&[], &[]).is_empty());
     }
 }
