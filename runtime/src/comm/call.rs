@@ -670,6 +670,26 @@ impl Inner {
         Ok(())
     }
 
+    /// A reduce on a rank other than the root whose `buf` must stay unchanged: reduced from
+    /// `buf` into scratch the communicator keeps (up to 64 MiB), not into a copy made per call.
+    pub(super) fn reduce_unchanged(
+        &mut self,
+        buf: &[u8],
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let mut scratch = std::mem::take(&mut self.inplace_copy);
+        if scratch.len() < buf.len() {
+            scratch.resize(buf.len(), 0);
+        }
+        let r = self.reduce_from(&mut scratch[..buf.len()], Some(buf), dtype, op, root);
+        if scratch.capacity() <= INPLACE_KEEP {
+            self.inplace_copy = scratch;
+        }
+        r
+    }
+
     pub(super) fn all_to_all(
         &mut self,
         input: &[u8],

@@ -285,8 +285,7 @@ impl Communicator {
         if self.rank() == root {
             self.blocking(|g| g.reduce(as_bytes_mut(buf), T::DTYPE, op, root))
         } else {
-            let mut tmp = buf.to_vec();
-            self.blocking(|g| g.reduce(as_bytes_mut(&mut tmp), T::DTYPE, op, root))
+            self.blocking(|g| g.reduce_unchanged(as_bytes(buf), T::DTYPE, op, root))
         }
     }
 

@@ -105,6 +105,20 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
                         |i| Some(expect::<T>(n, i, op)),
                     );
                 }
+                // in place: the root's buffer gets the reduction, the others' stay as they were
+                let mut buf = input.clone();
+                c.reduce_in_place(&mut buf, op, root).unwrap();
+                check(
+                    &format!("reduce_in_place {ty} {op} {count} root {root}"),
+                    &buf,
+                    |i| {
+                        Some(if me == root {
+                            expect::<T>(n, i, op)
+                        } else {
+                            input[i]
+                        })
+                    },
+                );
             }
         }
         let op = ReduceOp::Sum;
