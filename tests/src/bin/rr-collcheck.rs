@@ -269,6 +269,38 @@ fn main() {
                     Some(expect::<f32>(n, i, ReduceOp::Sum))
                 });
             }
+            // small rooted calls running ahead: the root of a broadcast (the others start late)
+            // and the others of a reduce (the root starts late) go through 200 calls without
+            // waiting for the slow side, past every header line, box and slot more than once
+            for len in [2usize, 256, 4096] {
+                if me != 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                for i in 0..200usize {
+                    let mut b: Vec<f32> = if me == 0 {
+                        (0..len).map(|j| (i * 7 + j) as f32).collect()
+                    } else {
+                        vec![-1.0; len]
+                    };
+                    c.broadcast(&mut b, 0).unwrap();
+                    check(&format!("broadcast ahead {len} call {i}"), &b, |j| {
+                        Some((i * 7 + j) as f32)
+                    });
+                }
+                if me == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                for i in 0..200usize {
+                    let input: Vec<f32> = (0..len).map(|j| (i + j + me) as f32).collect();
+                    let mut out = vec![-1.0f32; len];
+                    c.reduce(&input, &mut out, ReduceOp::Sum, 0).unwrap();
+                    if me == 0 {
+                        check(&format!("reduce ahead {len} call {i}"), &out, |j| {
+                            Some((n * (i + j) + n * (n - 1) / 2) as f32)
+                        });
+                    }
+                }
+            }
             // non-blocking all-to-all: the vector comes back holding the received blocks
             let k = 5000;
             let a2a: Vec<u32> = (0..k * n)
