@@ -62,7 +62,6 @@ impl Communicator {
         Self::check_len(buf, dtype)?;
         self.blocking(|g| g.broadcast(buf, dtype, root))
     }
-    /// In place; non-root buffers are used as scratch.
     /// [`Communicator::reduce`] on bytes: `input` reduced into the root's `output`.
     pub fn reduce_into_raw(
         &self,
@@ -75,6 +74,7 @@ impl Communicator {
         Self::check_len(input, dtype)?;
         self.blocking(|g| g.reduce_from(output, Some(input), dtype, op, root))
     }
+    /// In place; non-root buffers are used as scratch.
     pub fn reduce_raw(
         &self,
         buf: &mut [u8],

@@ -386,6 +386,27 @@ impl<'a> Executor<'a> {
             }
         };
         let meet = |a: (usize, usize), b: &(usize, usize)| a.0 < b.1 && b.0 < a.1;
+        // whether a step sending `s` and receiving `r` may join a group that receives into
+        // `written` and sends from `read`
+        let joins = |s: Option<(usize, usize)>,
+                     r: Option<(usize, usize)>,
+                     written: &[(usize, usize)],
+                     read: &[(usize, usize)]| {
+            !(s.is_some_and(|s| s.1 - s.0 > GROUP_SEND_MAX || written.iter().any(|w| meet(s, w)))
+                || r.is_some_and(|r| {
+                    written.iter().chain(read).any(|w| meet(r, w)) || s.is_some_and(|s| meet(r, &s))
+                }))
+        };
+        // the common case of dependent steps (rings, chains) ends here, with nothing allocated
+        // and no link looked up twice
+        let spans = |step: &Step| match step {
+            Step::Exchange { send, recv, .. } => Ok::<_, Error>((span(send)?, span(recv)?)),
+            _ => Ok((None, None)),
+        };
+        let ((s0, r0), (s1, r1)) = (spans(&steps[0])?, spans(&steps[1])?);
+        if !joins(s0, r0, &[], &[]) || !joins(s1, r1, r0.as_slice(), s0.as_slice()) {
+            return Ok(0);
+        }
         let mut written: Vec<(usize, usize)> = Vec::new();
         let mut read: Vec<(usize, usize)> = Vec::new();
         for (k, step) in steps.iter().take(GROUP_MAX).enumerate() {
@@ -398,12 +419,7 @@ impl<'a> Executor<'a> {
                 break;
             };
             let (s, r) = (span(send)?, span(recv)?);
-            if s.is_some_and(|s| s.1 - s.0 > GROUP_SEND_MAX || written.iter().any(|w| meet(s, w)))
-                || r.is_some_and(|r| {
-                    written.iter().chain(&read).any(|w| meet(r, w))
-                        || s.is_some_and(|s| meet(r, &s))
-                })
-            {
+            if !joins(s, r, &written, &read) {
                 break;
             }
             let mut link = |x: &Option<Xfer>, on: bool| -> Result<Option<Option<*mut dyn Link>>> {
@@ -609,24 +625,25 @@ impl<'a> Executor<'a> {
         b: &Backoff,
         what: &[u8; DESC],
     ) -> Result<()> {
-        let pending = tx
-            .iter()
-            .filter(|s| !s.done)
-            .map(|s| (s.link, s.peer))
-            .chain(rx.iter().filter(|r| !r.done).map(|r| (r.link, r.peer)));
-        let mut healed: Vec<*mut dyn Link> = Vec::new();
-        let mut waiting = Vec::new();
-        for (l, peer) in pending {
+        let pending = || {
+            tx.iter()
+                .filter(|s| !s.done)
+                .map(|s| (s.link, s.peer))
+                .chain(rx.iter().filter(|r| !r.done).map(|r| (r.link, r.peer)))
+        };
+        for (k, (l, peer)) in pending().enumerate() {
             // each link once (a send and a receive may share one)
-            if !healed.iter().any(|h| std::ptr::addr_eq(*h, l)) {
+            if !pending().take(k).any(|(m, _)| std::ptr::addr_eq(m, l)) {
                 (*l).heal(true).map_err(|e| self.link_err(peer, e))?;
-                healed.push(l);
-            }
-            if !waiting.contains(&peer) {
-                waiting.push(peer);
             }
         }
         if b.waited() > self.timeout {
+            let mut waiting = Vec::new();
+            for (_, peer) in pending() {
+                if !waiting.contains(&peer) {
+                    waiting.push(peer);
+                }
+            }
             return Err(Error::Timeout {
                 rank: self.rank,
                 secs: self.timeout.as_secs(),

@@ -105,10 +105,10 @@ impl Links for LinkTable {
     }
 
     fn link(&mut self, peer: usize, chan: usize) -> Result<*mut dyn Link> {
-        let key = self.key(peer, chan);
-        if let Some(l) = self.map.get_mut(&key) {
-            return Ok(&mut **l as *mut dyn Link);
+        if let Some(l) = self.existing(peer, chan) {
+            return Ok(l);
         }
+        let key = self.key(peer, chan);
         if chan & DEVICE_CHAN != 0 && !self.local_index.contains_key(&peer) {
             #[cfg(all(feature = "rdma", feature = "cuda"))]
             if let (Some(net), Some(store), Some(make)) = (&self.ib, &self.store, &self.dev_rings) {

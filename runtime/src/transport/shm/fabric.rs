@@ -249,11 +249,12 @@ impl ShmFabric {
                 NodeMode::AllGather => largest >= SINGLE_COPY_ALLGATHER_MIN,
                 _ => false,
             };
-        let contiguous = slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
         let small = fits
             && match mode {
                 NodeMode::AllReduceSmall => true,
-                NodeMode::Reduce { .. } => bytes <= SMALL_REDUCE && contiguous,
+                NodeMode::Reduce { .. } => {
+                    bytes <= SMALL_REDUCE && slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
+                }
                 NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
                 _ => false,
             };

@@ -3,7 +3,7 @@
 //! (a crash leaves no file behind).
 //!
 //! Layout: a header; one control block per local rank (sequence flags on separate cache lines:
-//! `ready`, `reduced`, `pairs`; its pid; per generation mod 16 a call descriptor, a header line
+//! `ready`, `reduced`, `pairs`; its pid; per generation mod 64 a call descriptor, a header line
 //! and a 4 KiB small-data box); per rank three staging slots; one single-producer ring per
 //! ordered pair of local ranks for point-to-point [`ShmLink`]s.
 //!
