@@ -7,7 +7,7 @@ use super::straggler::{self, Recorder, StragglerRow};
 use super::PeerInfo;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::{Bufs, CallDesc, Executor};
+use crate::executor::{Bufs, CallDesc, DirectNode, Executor};
 use crate::store::StoreClient;
 use crate::transport::links::LinkTable;
 use crate::transport::tcp::TcpNet;
@@ -67,6 +67,18 @@ impl Shape {
     }
 }
 
+/// The last call's (kind, count, element size, root), its plan and, when that plan is one
+/// in-node fabric call, that call ([`DirectNode`]: repeated small one-node calls go straight to
+/// the fabric).
+struct LastCall {
+    kind: CollKind,
+    count: usize,
+    esz: usize,
+    root: usize,
+    plan: Arc<Plan>,
+    direct: Option<DirectNode>,
+}
+
 /// One communicator's state on this rank. The rooms of `comm` share it; nothing outside does.
 pub(crate) struct Inner {
     pub(super) rank: usize,
@@ -93,8 +105,8 @@ pub(crate) struct Inner {
     pub(super) rail: usize,
     /// The bootstrap store this rank serves (rank 0 under srun / torchrun-style env / MPI).
     pub(super) store_server: Option<crate::store::ServerHandle>,
-    /// The last call's (kind, count, element size, root, plan).
-    last: Option<(CollKind, usize, usize, usize, Arc<Plan>)>,
+    /// The last call's shape and plan (repeated calls skip planning).
+    last: Option<LastCall>,
     /// How long recent collective calls took here (straggler detection).
     strag: Recorder,
 }
@@ -432,13 +444,28 @@ impl Inner {
             }
             return Ok(());
         }
-        // The last call's shape and plan: repeated calls skip both map lookups. (Pipelined
-        // calls are not cached: they carry one plan per segment.)
+        let bufs = Bufs {
+            work: work.as_mut_ptr(),
+            work_bytes: work.len(),
+            input: input.as_ptr(),
+            input_bytes: input.len(),
+            src: src.map(|s| s.as_ptr()),
+        };
+        // The last call's shape and plan: repeated calls skip both map lookups, and a plan that
+        // is one fabric call goes straight to the fabric. (Pipelined calls are not cached: they
+        // carry one plan per segment.)
         let cached = match &self.last {
-            Some((k, c, e, r, p))
-                if *k == kind && *c == count && *e == dtype.size() && *r == root =>
+            Some(l)
+                if l.kind == kind
+                    && l.count == count
+                    && l.esz == dtype.size()
+                    && l.root == root =>
             {
-                Some(p.clone())
+                if let (Some(d), Some(f)) = (&l.direct, self.fabric.as_deref_mut()) {
+                    // SAFETY: work, input and src are live slices of the stated lengths.
+                    return unsafe { d.run(f, &desc, op, bufs) };
+                }
+                Some(l.plan.clone())
             }
             _ => None,
         };
@@ -465,7 +492,19 @@ impl Inner {
                     (v[0].1.clone(), v)
                 } else {
                     let plan = self.plan(kind, algo, count, root)?;
-                    self.last = Some((kind, count, dtype.size(), root, plan.clone()));
+                    // (not when each step's time is traced: that walks the plan)
+                    let traced = tracing::enabled!(target: "railring::exec", tracing::Level::TRACE);
+                    let direct = self.fabric.as_deref().filter(|_| !traced).and_then(|f| {
+                        DirectNode::of(&plan, kind, root, dtype.size(), self.size, f.ranks())
+                    });
+                    self.last = Some(LastCall {
+                        kind,
+                        count,
+                        esz: dtype.size(),
+                        root,
+                        plan: plan.clone(),
+                        direct,
+                    });
                     (plan, Vec::new())
                 }
             }
@@ -480,13 +519,6 @@ impl Inner {
             chunk: chunk_for(self.world.cfg.net_chunk, work.len().max(input.len())),
             staging: &mut self.staging,
             mem: None,
-        };
-        let bufs = Bufs {
-            work: work.as_mut_ptr(),
-            work_bytes: work.len(),
-            input: input.as_ptr(),
-            input_bytes: input.len(),
-            src: src.map(|s| s.as_ptr()),
         };
         // SAFETY: work, input and src are live slices of the stated lengths for the whole call.
         unsafe {

@@ -18,9 +18,11 @@
 //! call descriptor).
 
 mod desc;
+mod direct;
 mod exchange;
 
 pub use desc::CallDesc;
+pub use direct::DirectNode;
 
 use crate::error::{Error, Result};
 use crate::transport::{DataMem, Link, LinkError, NodeFabric, NodeMode, NodeOp, DESC};
@@ -59,6 +61,27 @@ impl Links for NoLinks {
     }
     fn host_of(&self, _peer: usize) -> String {
         "?".into()
+    }
+}
+
+/// The fabric mode of an in-node reduce-scatter fused with the all-gather that follows it (the
+/// node is the whole communicator): a one-node reduce when the call is a reduce (only the root
+/// needs the result), else the one-round small all-reduce up to 32 KiB of contiguous slices,
+/// else the pipelined all-reduce.
+fn fused_mode(
+    kind: CollKind,
+    root: usize,
+    group: &[usize],
+    slices: &[Region],
+    esz: usize,
+) -> NodeMode {
+    let total: usize = slices.iter().map(|s| s.len).sum::<usize>() * esz;
+    match group.iter().position(|&r| r == root) {
+        Some(root) if kind == CollKind::Reduce => NodeMode::Reduce { root },
+        _ if total <= 32 << 10 && slices.windows(2).all(|w| w[0].end() == w[1].offset) => {
+            NodeMode::AllReduceSmall
+        }
+        _ => NodeMode::AllReduce,
     }
 }
 
@@ -272,22 +295,9 @@ impl<'a> Executor<'a> {
                     // (elsewhere a rank with an empty ring slice may have no steps in between).
                     let fused = group.len() == self.size
                         && matches!(plan.steps.get(i + 1), Some(Step::NodeAllGather { group: g2, slices: s2 }) if g2 == group && s2 == slices);
-                    let total: usize = slices.iter().map(|s| s.len).sum::<usize>() * esz;
-                    let root = group.iter().position(|&r| r == desc.root as usize);
                     let mode = if fused {
                         i += 1;
-                        match root {
-                            // a one-node reduce: only the root needs the result
-                            Some(root) if desc.kind == CollKind::Reduce => {
-                                NodeMode::Reduce { root }
-                            }
-                            _ if total <= 32 << 10
-                                && slices.windows(2).all(|w| w[0].end() == w[1].offset) =>
-                            {
-                                NodeMode::AllReduceSmall
-                            }
-                            _ => NodeMode::AllReduce,
-                        }
+                        fused_mode(desc.kind, desc.root as usize, group, slices, esz)
                     } else {
                         NodeMode::ReduceScatter
                     };
