@@ -65,9 +65,7 @@ fn whole(len: usize, dtype: DataType) -> Result<()> {
 
 /// A started call that failed its argument checks before it was queued.
 fn failed(e: Error) -> Pending<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let _ = tx.send(Err(e));
-    Pending { rx }
+    Pending::done(Err(e))
 }
 
 /// Started collectives on caller-owned memory, for language bindings.

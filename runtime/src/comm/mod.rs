@@ -53,7 +53,7 @@ pub struct Communicator {
 /// worker, plus the facts that never change (read without a lock).
 struct Shared {
     inner: Mutex<Inner>,
-    turn: Mutex<(u64, u64)>,
+    turn: Mutex<order::Turn>,
     turn_cv: Condvar,
     worker: Mutex<Option<mpsc::Sender<order::Job>>>,
     /// Set once the worker exists: from then on calls take tickets.

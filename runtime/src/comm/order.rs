@@ -6,43 +6,142 @@
 use super::call::Inner;
 use super::{Communicator, Shared};
 use crate::error::{Error, Result};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 
 /// Work for the communicator's worker thread.
 pub(super) type Job = Box<dyn FnOnce() + Send>;
 
+/// The call-order tickets: `next` is the next ticket to hand out, `now` the one whose turn it
+/// is, `waiting` how many threads sleep on the turn's condition variable (a call's end wakes
+/// them only when there are any: a wake is a system call even when nobody sleeps).
+#[derive(Default)]
+pub(super) struct Turn {
+    next: u64,
+    now: u64,
+    waiting: u32,
+}
+
+/// Where a started call's result goes: filled once by the worker, taken once by its
+/// [`Pending`]. The waiting thread parks only when the result is not there yet, and the worker
+/// unparks it only then: a call that is already done when waited for costs two uncontended
+/// locks, no system call and no allocation beyond this slot.
+struct Slot<T> {
+    state: Mutex<SlotState<T>>,
+}
+
+struct SlotState<T> {
+    result: Option<Result<T>>,
+    /// Set by a worker that ends without filling the slot (its thread is gone).
+    abandoned: bool,
+    waiter: Option<std::thread::Thread>,
+}
+
+impl<T> Slot<T> {
+    fn new() -> Arc<Slot<T>> {
+        Arc::new(Slot {
+            state: Mutex::new(SlotState {
+                result: None,
+                abandoned: false,
+                waiter: None,
+            }),
+        })
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState<T>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn fill(&self, r: Result<T>) {
+        let waiter = {
+            let mut st = self.lock();
+            st.result = Some(r);
+            st.waiter.take()
+        };
+        if let Some(t) = waiter {
+            t.unpark();
+        }
+    }
+}
+
+/// Fills a slot on drop: the worker's job owns one, so a job dropped unrun (the worker is
+/// gone) or one that panics still ends its [`Pending`] with an error instead of a hang.
+struct Filler<T>(Option<Arc<Slot<T>>>);
+
+impl<T> Filler<T> {
+    fn fill(mut self, r: Result<T>) {
+        if let Some(s) = self.0.take() {
+            s.fill(r);
+        }
+    }
+}
+
+impl<T> Drop for Filler<T> {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            let waiter = {
+                let mut st = s.lock();
+                st.abandoned = true;
+                st.waiter.take()
+            };
+            if let Some(t) = waiter {
+                t.unpark();
+            }
+        }
+    }
+}
+
 /// A non-blocking operation in flight. `wait` returns its buffer.
 #[must_use = "a started collective must be waited for"]
 pub struct Pending<T> {
-    pub(crate) rx: mpsc::Receiver<Result<T>>,
+    slot: Arc<Slot<T>>,
 }
 
 impl<T> Pending<T> {
+    /// A pending call that has already ended with `r`.
+    pub(super) fn done(r: Result<T>) -> Pending<T> {
+        let slot = Slot::new();
+        slot.fill(r);
+        Pending { slot }
+    }
+
+    fn gone() -> Error {
+        Error::Poisoned("the communicator's worker thread is gone".into())
+    }
+
     /// Block until the operation completes.
     pub fn wait(self) -> Result<T> {
-        self.rx.recv().unwrap_or_else(|_| {
-            Err(Error::Poisoned(
-                "the communicator's worker thread is gone".into(),
-            ))
-        })
+        let mut st = self.slot.lock();
+        loop {
+            if let Some(r) = st.result.take() {
+                return r;
+            }
+            if st.abandoned {
+                return Err(Self::gone());
+            }
+            st.waiter = Some(std::thread::current());
+            drop(st);
+            std::thread::park();
+            st = self.slot.lock();
+        }
     }
+
     /// The result if the operation has completed, else the pending operation back.
     pub fn test(self) -> std::result::Result<Result<T>, Pending<T>> {
-        match self.rx.try_recv() {
-            Ok(r) => Ok(r),
-            Err(mpsc::TryRecvError::Empty) => Err(self),
-            Err(mpsc::TryRecvError::Disconnected) => {
-                Ok(Err(Error::Poisoned("worker thread is gone".into())))
+        let r = {
+            let mut st = self.slot.lock();
+            match st.result.take() {
+                Some(r) => Some(r),
+                None if st.abandoned => Some(Err(Self::gone())),
+                None => None,
             }
-        }
+        };
+        r.ok_or(self)
     }
 }
 
 impl Communicator {
     fn ticket(&self) -> u64 {
         let mut t = self.sh.turn.lock().unwrap_or_else(|e| e.into_inner());
-        let k = t.0;
-        t.0 += 1;
+        let k = t.next;
+        t.next += 1;
         k
     }
 
@@ -53,8 +152,10 @@ impl Communicator {
     ) -> Result<R> {
         {
             let mut t = sh.turn.lock().unwrap_or_else(|e| e.into_inner());
-            while t.1 != ticket {
+            while t.now != ticket {
+                t.waiting += 1;
                 t = sh.turn_cv.wait(t).unwrap_or_else(|e| e.into_inner());
+                t.waiting -= 1;
             }
         }
         let r = {
@@ -62,8 +163,10 @@ impl Communicator {
             Inner::guarded(&mut g, f)
         };
         let mut t = sh.turn.lock().unwrap_or_else(|e| e.into_inner());
-        t.1 += 1;
-        sh.turn_cv.notify_all();
+        t.now += 1;
+        if t.waiting > 0 {
+            sh.turn_cv.notify_all();
+        }
         r
     }
 
@@ -86,12 +189,13 @@ impl Communicator {
         &self,
         f: impl FnOnce(&mut Inner) -> Result<R> + Send + 'static,
     ) -> Pending<R> {
-        let (tx, rx) = mpsc::channel();
+        let slot = Slot::new();
+        let filler = Filler(Some(slot.clone()));
         let t = self.ticket();
         let sh = self.sh.clone();
         let job: Job = Box::new(move || {
             let r = Self::run(&sh, t, f);
-            let _ = tx.send(r);
+            filler.fill(r);
         });
         let mut w = self.sh.worker.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_none() {
@@ -118,7 +222,7 @@ impl Communicator {
             }
             None => job(),
         }
-        Pending { rx }
+        Pending { slot }
     }
 }
 

@@ -468,7 +468,7 @@ impl Communicator {
         Communicator {
             sh: Arc::new(Shared {
                 inner: Mutex::new(inner),
-                turn: Mutex::new((0, 0)),
+                turn: Mutex::new(Default::default()),
                 turn_cv: Condvar::new(),
                 worker: Mutex::new(None),
                 worker_started: std::sync::atomic::AtomicBool::new(false),
