@@ -234,3 +234,44 @@ impl Drop for Communicator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_filled_before_or_after_the_wait_arrives_once() {
+        let p = Pending::done(Ok(7u32));
+        assert_eq!(p.wait().unwrap(), 7);
+        // the waiter parks first, the worker fills later
+        let slot = Slot::<Vec<u8>>::new();
+        let f = Filler(Some(slot.clone()));
+        let p = Pending { slot };
+        let p = p.test().expect_err("nothing filled yet");
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            f.fill(Ok(vec![1, 2, 3]));
+        });
+        assert_eq!(p.wait().unwrap(), vec![1, 2, 3]);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_job_dropped_unrun_or_panicking_ends_its_pending_with_an_error() {
+        let slot = Slot::<u8>::new();
+        let f = Filler(Some(slot.clone()));
+        let p = Pending { slot };
+        let t = std::thread::spawn(move || {
+            let _f = f;
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            panic!("the job panicked");
+        });
+        let e = p.wait().unwrap_err().to_string();
+        assert!(e.contains("worker thread is gone"), "{e}");
+        assert!(t.join().is_err());
+        let slot = Slot::<u8>::new();
+        drop(Filler(Some(slot.clone())));
+        let e = Pending { slot }.test().ok().unwrap().unwrap_err().to_string();
+        assert!(e.contains("worker thread is gone"), "{e}");
+    }
+}
