@@ -588,8 +588,17 @@ impl LinkState {
         if self.switching.is_some() {
             return Ok(());
         }
-        // owed acknowledgements and resends go out at every visit
-        if let Err(e) = self.pump_out(&[]) {
+        // Resends, control frames and large owed acknowledgements go out at every visit. A
+        // small owed acknowledgement does not on the executor's visits (`needed`: one per wait,
+        // so one packet per received message in a stream of small ones, doubling the kernel's
+        // work per call): it rides on our next frame, goes out once it covers ACK_IDLE when we
+        // wait for data, or at the keeper's tick (`!needed`) — as the lazy acknowledgement of a
+        // receive is meant to ([`Self::ack`]).
+        let hold = needed && self.owe_ack && self.rcvd - self.ack_sent < ACK_IDLE as u64;
+        self.owe_ack &= !hold;
+        let out = self.pump_out(&[]);
+        self.owe_ack |= hold;
+        if let Err(e) = out {
             self.conn_error(e);
             return Ok(());
         }
