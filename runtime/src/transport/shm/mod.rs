@@ -466,6 +466,11 @@ impl Node {
             self.seg.base().add(off + RING_HDR)
         })
     }
+    /// The tail a ring's producer sleeps until (in the tail's line; 0: any consumption wakes
+    /// it). See [`link::ShmLink::park`].
+    fn ring_want(&self, from: usize, to: usize) -> &AtomicU64 {
+        self.at(self.geo.ring_off(from, to) + 72)
+    }
 
     fn bell(&self) -> &AtomicU32 {
         self.at(128)
