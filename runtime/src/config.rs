@@ -58,6 +58,8 @@ pub struct Config {
     /// Whether `RAILRING_COST` set `rails`; otherwise the communicator sets it to the rails
     /// every rank has (`comm::setup`).
     pub cost_rails_given: bool,
+    /// Whether `RAILRING_COST` set `local_alpha` (then it is never raised for oversubscription).
+    pub cost_local_alpha_given: bool,
     /// `RAILRING_PIPELINE_SEG` (bytes, default 4 MiB; 0 disables): segment size of the
     /// pipelined two-level all-reduce across nodes.
     pub pipeline_seg: usize,
@@ -215,6 +217,14 @@ pub fn bind_vars_from_env() -> BindVars {
     }
 }
 
+/// Whether `RAILRING_COST` sets `key`.
+fn cost_key_given(key: &str) -> bool {
+    var(vars::COST).is_some_and(|v| {
+        v.split(',')
+            .any(|i| i.split_once('=').is_some_and(|(k, _)| k.trim() == key))
+    })
+}
+
 fn cost_model() -> Result<railring_collectives::cost::CostModel> {
     let mut m = railring_collectives::cost::CostModel::default_cpu();
     let cpus = std::thread::available_parallelism()
@@ -225,7 +235,7 @@ fn cost_model() -> Result<railring_collectives::cost::CostModel> {
         .unwrap_or(1);
     if local > cpus {
         // measured here: an in-node flag round costs a few context switches (~5-20 us)
-        let _ = m.set("local_alpha", 20e-6);
+        let _ = m.set("local_alpha", crate::comm::OVERSUBSCRIBED_LOCAL_ALPHA);
     }
     if let Some(v) = var(vars::COST) {
         for item in v.split(',').map(str::trim).filter(|x| !x.is_empty()) {
@@ -289,10 +299,8 @@ impl Config {
             connect_timeout: Duration::from_secs(parse_num(vars::CONNECT_TIMEOUT, 30, 1, 3600)?),
             pipeline_seg: parse_num(vars::PIPELINE_SEG, 4 << 20, 0, 1 << 40)? as usize,
             cost: cost_model()?,
-            cost_rails_given: var(vars::COST).is_some_and(|v| {
-                v.split(',')
-                    .any(|i| i.split_once('=').is_some_and(|(k, _)| k.trim() == "rails"))
-            }),
+            cost_rails_given: cost_key_given("rails"),
+            cost_local_alpha_given: cost_key_given("local_alpha"),
             gdr_level: {
                 let v = var(vars::NET_GDR_LEVEL);
                 parse_gdr_level(v.as_deref()).map_err(|why| Error::Env {

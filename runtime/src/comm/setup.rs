@@ -96,6 +96,7 @@ impl Communicator {
             pid: std::process::id(),
             addrs: vec![],
             kernel: machine::kernel_id(),
+            cpus: cpus(),
         };
         let world = World {
             job: "solo".into(),
@@ -135,6 +136,7 @@ impl Communicator {
             pid: std::process::id(),
             addrs: net.addrs.clone(),
             kernel: machine::kernel_id(),
+            cpus: cpus(),
         };
         let comm = 1u64;
         let peers = gather_world(&store, comm, &me, size, &cfg)?;
@@ -217,6 +219,13 @@ impl Communicator {
         // The cost model prices every rail of a node unless told otherwise: the rails every rank
         // listens on (the same number on every rank, so every rank chooses alike).
         let mut world = world;
+        if !world.cfg.cost_local_alpha_given && any_kernel_oversubscribed(&world.peers) {
+            // Ranks outnumber the CPUs of some machine (nodes emulated in namespaces of one
+            // kernel): every in-node round there waits for descheduled peers, as when local
+            // ranks outnumber CPUs (Config's cost model). Decided from what every rank
+            // published, so every rank prices alike.
+            world.cfg.cost.local.alpha = world.cfg.cost.local.alpha.max(OVERSUBSCRIBED_LOCAL_ALPHA);
+        }
         if !world.cfg.cost_rails_given {
             world.cfg.cost.rails = world
                 .peers
@@ -527,6 +536,28 @@ fn gather_world(
     Ok(peers)
 }
 
+/// The in-node latency the cost model assumes where ranks outnumber a machine's CPUs.
+pub(crate) const OVERSUBSCRIBED_LOCAL_ALPHA: f64 = 20e-6;
+
+/// The CPUs this process may run on.
+fn cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}
+
+/// Whether some machine (kernel) runs more of these ranks than it has CPUs (as its ranks
+/// reported them; a kernel whose ranks did not report CPUs counts as not oversubscribed).
+fn any_kernel_oversubscribed(peers: &[PeerInfo]) -> bool {
+    let mut per: std::collections::BTreeMap<&str, (usize, u32)> = Default::default();
+    for p in peers.iter().filter(|p| !p.kernel.is_empty()) {
+        let e = per.entry(p.kernel.as_str()).or_insert((0, u32::MAX));
+        e.0 += 1;
+        e.1 = e.1.min(p.cpus);
+    }
+    per.values().any(|&(n, c)| c > 0 && c != u32::MAX && n > c as usize)
+}
+
 /// Ranks on this kernel share its CPUs even when they are different "nodes" (network
 /// namespaces, containers): more of them than CPUs means waits must yield, not spin, and when
 /// several nodes share the kernel each gets its own block of CPUs (see `bind`).
@@ -658,5 +689,38 @@ mod spread_tests {
         assert_eq!(rail_spread(1, 1, 4, 1), vec![1]);
         assert_eq!(rail_spread(3, 1, 2, 8), vec![1, 0]);
         assert_eq!(rail_spread(0, 4, 1, 0), vec![0]);
+    }
+}
+
+#[cfg(test)]
+mod kernel_tests {
+    use super::*;
+
+    fn peer(rank: usize, kernel: &str, cpus: u32) -> PeerInfo {
+        PeerInfo {
+            rank,
+            host_id: format!("h{rank}"),
+            hostname: format!("h{rank}"),
+            pid: 1,
+            addrs: vec![],
+            kernel: kernel.into(),
+            cpus,
+        }
+    }
+
+    #[test]
+    fn a_kernel_with_more_ranks_than_cpus_is_seen_alike_by_every_rank() {
+        // four emulated hosts on one 2-CPU kernel
+        let one: Vec<PeerInfo> = (0..4).map(|r| peer(r, "k", 2)).collect();
+        assert!(any_kernel_oversubscribed(&one));
+        // two real machines of 2 CPUs with 2 ranks each
+        let two: Vec<PeerInfo> = (0..4).map(|r| peer(r, ["a", "b"][r / 2], 2)).collect();
+        assert!(!any_kernel_oversubscribed(&two));
+        // one of them with 3 ranks; ranks that did not report CPUs (older builds) never count
+        let mut three = two.clone();
+        three.push(peer(4, "a", 2));
+        assert!(any_kernel_oversubscribed(&three));
+        let unknown: Vec<PeerInfo> = (0..4).map(|r| peer(r, "k", 0)).collect();
+        assert!(!any_kernel_oversubscribed(&unknown));
     }
 }

@@ -53,6 +53,9 @@ pub struct PeerInfo {
     /// The kernel's boot id (ranks on one machine share its CPUs, whatever their namespaces).
     #[serde(default)]
     pub kernel: String,
+    /// CPUs this rank may run on (0: not reported).
+    #[serde(default)]
+    pub cpus: u32,
 }
 
 /// Every link of one communicator on this rank (see the module docs).
