@@ -217,6 +217,10 @@ pub fn bind_vars_from_env() -> BindVars {
     }
 }
 
+/// The in-node latency the cost model assumes where ranks outnumber a machine's CPUs (every
+/// in-node round then waits for descheduled peers).
+pub(crate) const OVERSUBSCRIBED_LOCAL_ALPHA: f64 = 20e-6;
+
 /// Whether `RAILRING_COST` sets `key`.
 fn cost_key_given(key: &str) -> bool {
     var(vars::COST).is_some_and(|v| {
@@ -235,7 +239,7 @@ fn cost_model() -> Result<railring_collectives::cost::CostModel> {
         .unwrap_or(1);
     if local > cpus {
         // measured here: an in-node flag round costs a few context switches (~5-20 us)
-        let _ = m.set("local_alpha", crate::comm::OVERSUBSCRIBED_LOCAL_ALPHA);
+        let _ = m.set("local_alpha", OVERSUBSCRIBED_LOCAL_ALPHA);
     }
     if let Some(v) = var(vars::COST) {
         for item in v.split(',').map(str::trim).filter(|x| !x.is_empty()) {

@@ -33,7 +33,6 @@ pub mod straggler;
 
 pub use crate::transport::links::PeerInfo;
 pub use order::Pending;
-pub(crate) use setup::OVERSUBSCRIBED_LOCAL_ALPHA;
 
 use crate::error::{Error, Result};
 use call::Inner;

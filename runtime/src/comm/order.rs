@@ -271,7 +271,12 @@ mod tests {
         assert!(t.join().is_err());
         let slot = Slot::<u8>::new();
         drop(Filler(Some(slot.clone())));
-        let e = Pending { slot }.test().ok().unwrap().unwrap_err().to_string();
+        let e = Pending { slot }
+            .test()
+            .ok()
+            .unwrap()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("worker thread is gone"), "{e}");
     }
 }

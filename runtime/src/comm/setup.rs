@@ -224,7 +224,12 @@ impl Communicator {
             // kernel): every in-node round there waits for descheduled peers, as when local
             // ranks outnumber CPUs (Config's cost model). Decided from what every rank
             // published, so every rank prices alike.
-            world.cfg.cost.local.alpha = world.cfg.cost.local.alpha.max(OVERSUBSCRIBED_LOCAL_ALPHA);
+            world.cfg.cost.local.alpha = world
+                .cfg
+                .cost
+                .local
+                .alpha
+                .max(crate::config::OVERSUBSCRIBED_LOCAL_ALPHA);
         }
         if !world.cfg.cost_rails_given {
             world.cfg.cost.rails = world
@@ -536,9 +541,6 @@ fn gather_world(
     Ok(peers)
 }
 
-/// The in-node latency the cost model assumes where ranks outnumber a machine's CPUs.
-pub(crate) const OVERSUBSCRIBED_LOCAL_ALPHA: f64 = 20e-6;
-
 /// The CPUs this process may run on.
 fn cpus() -> u32 {
     std::thread::available_parallelism()
@@ -555,7 +557,8 @@ fn any_kernel_oversubscribed(peers: &[PeerInfo]) -> bool {
         e.0 += 1;
         e.1 = e.1.min(p.cpus);
     }
-    per.values().any(|&(n, c)| c > 0 && c != u32::MAX && n > c as usize)
+    per.values()
+        .any(|&(n, c)| c > 0 && c != u32::MAX && n > c as usize)
 }
 
 /// Ranks on this kernel share its CPUs even when they are different "nodes" (network

@@ -90,7 +90,12 @@ impl Link for ShmLink {
         }
         tail.store(t + n as u64, Ordering::SeqCst);
         // the producer, if it sleeps, sleeps until the tail reaches `want` (see park)
-        if t + n as u64 >= self.node.ring_want(self.peer, self.node.me).load(Ordering::SeqCst) {
+        if t + n as u64
+            >= self
+                .node
+                .ring_want(self.peer, self.node.me)
+                .load(Ordering::SeqCst)
+        {
             self.node.ring_bell();
         }
         Ok(n)
@@ -131,7 +136,11 @@ impl Link for ShmLink {
         let cap = self.node.geo.ring_bytes as u64;
         let want = self.node.ring_want(self.node.me, self.peer);
         if send {
-            let h = self.node.ring(self.node.me, self.peer).0.load(Ordering::Relaxed);
+            let h = self
+                .node
+                .ring(self.node.me, self.peer)
+                .0
+                .load(Ordering::Relaxed);
             let batch = (h + cap / WAKE_FREE_DIV).saturating_sub(cap);
             want.store(batch.min(self.cur_start), Ordering::SeqCst);
         }
@@ -157,10 +166,8 @@ mod tests {
 
     /// Both ends of one node's rings in this process (local ranks 0 and 1).
     fn pair(tag: &str) -> (ShmLink, ShmLink, std::path::PathBuf) {
-        let path = std::env::temp_dir().join(format!(
-            "railring-link-test-{tag}-{}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("railring-link-test-{tag}-{}", std::process::id()));
         let geo = Geometry {
             local_size: 2,
             slot_bytes: 4096,
@@ -174,7 +181,10 @@ mod tests {
     /// Park the producer on a thread; returns (done flag, join handle giving the time it slept).
     fn park_in_thread(
         p: ShmLink,
-    ) -> (Arc<AtomicBool>, std::thread::JoinHandle<(ShmLink, Duration)>) {
+    ) -> (
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<(ShmLink, Duration)>,
+    ) {
         let done = Arc::new(AtomicBool::new(false));
         let d = done.clone();
         let t = std::thread::spawn(move || {
@@ -199,7 +209,10 @@ mod tests {
         let mut buf = [0u8; 512];
         assert_eq!(c.try_recv(&mut buf).unwrap(), 512);
         std::thread::sleep(Duration::from_millis(200));
-        assert!(!done.load(Ordering::SeqCst), "woken before a quarter was free");
+        assert!(
+            !done.load(Ordering::SeqCst),
+            "woken before a quarter was free"
+        );
         // 1024 bytes free: the producer wakes, well before its 5 s timeout
         assert_eq!(c.try_recv(&mut buf).unwrap(), 512);
         let (mut p, slept) = t.join().unwrap();
