@@ -23,7 +23,7 @@ use crate::transport::NodeFabric;
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use railring_collectives::plan::{Algo, CollKind};
 use railring_collectives::{DataType, ReduceOp};
-use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// A device all-reduce's buffer (device address and length) and its reduction.
 #[derive(Clone, Copy, Debug)]
@@ -647,7 +647,5 @@ pub(crate) fn all_reduce_device_start<R: Send + 'static>(
 
 /// A pending operation that has already failed (before it could be queued).
 pub(crate) fn failed<R>(e: Error) -> Pending<R> {
-    let (tx, rx) = mpsc::channel();
-    let _ = tx.send(Err(e));
-    Pending { rx }
+    Pending::done(Err(e))
 }
