@@ -570,10 +570,17 @@ impl<'a> Job<'a> {
         }
         if !exit.success() {
             let host = self.host_of(r).to_string();
-            self.fail(
-                exit.exit_code(),
-                format!("rank {r} on host {host} {}", exit.describe()),
-            );
+            let text = format!("rank {r} on host {host} {}", exit.describe());
+            // A rank killed by a signal railrun did not send (not its SIGTERM, and before any
+            // SIGKILL of its own) is a cause in its own right, even when a peer's echo of it (a
+            // rank that saw it vanish and exited) reached railrun first: name it too.
+            if self.failure.is_some()
+                && !self.kill_hard
+                && matches!(exit, ExitKind::Signal(s) if s != libc::SIGTERM)
+            {
+                self.say(&format!("also: {text}"));
+            }
+            self.fail(exit.exit_code(), text);
         }
     }
 
