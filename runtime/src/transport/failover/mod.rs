@@ -181,6 +181,9 @@ struct LinkState {
     frame_src: Src,
     ack_sent: u64,
     owe_ack: bool,
+    /// The owed acknowledgement was asked for urgently (`Link::ack(true)`) and could not be
+    /// written yet: every visit retries it.
+    ack_urgent: bool,
     rewound: Option<u64>,
     // ---- incoming
     rcvd: u64,

@@ -343,6 +343,7 @@ impl LinkState {
         self.ib_hi = 0;
         self.ack_sent = self.rcvd;
         self.owe_ack = false;
+        self.ack_urgent = false;
         self.suspect = None;
         self.wire = consumed;
         let resume_at = if self.ret.len() > self.ret_head {

@@ -70,6 +70,7 @@ impl LinkState {
             frame_src: Src::Caller,
             ack_sent: 0,
             owe_ack: false,
+            ack_urgent: false,
             rewound: None,
             rcvd: 0,
             in_left: 0,
@@ -243,6 +244,7 @@ impl LinkState {
             if self.owe_ack {
                 // no flush yet: the acknowledgement shares the write of the frame that follows
                 self.owe_ack = false;
+                self.ack_urgent = false;
                 self.ack_sent = self.rcvd;
                 self.push_frame(Frame::Ack { upto: self.rcvd });
             }
@@ -559,6 +561,7 @@ impl LinkState {
             && self.dead.is_none()
             && (self.owe_ack || self.ctl_off < self.ctl.len())
         {
+            self.ack_urgent = true;
             if let Err(e) = self.pump_out(&[]) {
                 self.conn_error(e);
             }
@@ -594,7 +597,10 @@ impl LinkState {
         // work per call): it rides on our next frame, goes out once it covers ACK_IDLE when we
         // wait for data, or at the keeper's tick (`!needed`) — as the lazy acknowledgement of a
         // receive is meant to ([`Self::ack`]).
-        let hold = needed && self.owe_ack && self.rcvd - self.ack_sent < ACK_IDLE as u64;
+        let hold = needed
+            && self.owe_ack
+            && !self.ack_urgent
+            && self.rcvd - self.ack_sent < ACK_IDLE as u64;
         self.owe_ack &= !hold;
         let out = self.pump_out(&[]);
         self.owe_ack |= hold;
