@@ -40,11 +40,12 @@ impl DirectNode {
             (r.buf == Buf::Work).then_some(())?;
             Some((r.offset.checked_mul(esz)?, r.len.checked_mul(esz)?))
         };
-        let (mode, regions, src_direct) = match plan.steps.as_slice() {
+        let (group, mode, regions, src_direct) = match plan.steps.as_slice() {
             [Step::NodeReduceScatter { group, slices }, Step::NodeAllGather {
                 group: g2,
                 slices: s2,
-            }] if group == g2 && slices == s2 && group.len() == size => (
+            }] if group == g2 && slices == s2 => (
+                group,
                 fused_mode(kind, root, group, slices, esz),
                 slices.as_slice(),
                 true,
@@ -53,18 +54,15 @@ impl DirectNode {
                 group,
                 root,
                 region,
-            }] if group.len() == size => (
+            }] => (
+                group,
                 NodeMode::Broadcast { root: *root },
                 std::slice::from_ref(region),
                 false,
             ),
             _ => return None,
         };
-        let group = match &plan.steps[0] {
-            Step::NodeReduceScatter { group, .. } | Step::NodeBroadcast { group, .. } => group,
-            _ => return None,
-        };
-        if group.len() <= 1 || group.as_slice() != ranks {
+        if group.len() != size || group.len() <= 1 || group.as_slice() != ranks {
             return None;
         }
         let slices = regions.iter().map(bytes).collect::<Option<Vec<_>>>()?;
