@@ -51,9 +51,8 @@ pub struct Config {
     /// rank's links to other nodes are striped over. Automatic: `rails / local ranks` when a
     /// node has fewer ranks than rails (rank i drives rails i, i+L, ...), else 1.
     pub rails_per_rank: usize,
-    /// The cost model the algorithm choice uses: defaults, with in-node latency raised when
-    /// local ranks outnumber CPUs (every in-node step then costs context switches), then
-    /// `RAILRING_COST` overrides (`net_beta=1.25e8,net_alpha=5e-5,...`).
+    /// The cost model the algorithm choice uses: defaults, then `RAILRING_COST` overrides; the
+    /// communicator raises in-node latency where ranks outnumber a machine's CPUs (comm::setup) (`net_beta=1.25e8,net_alpha=5e-5,...`).
     pub cost: railring_collectives::cost::CostModel,
     /// Whether `RAILRING_COST` set `rails`; otherwise the communicator sets it to the rails
     /// every rank has (`comm::setup`).
@@ -218,7 +217,8 @@ pub fn bind_vars_from_env() -> BindVars {
 }
 
 /// The in-node latency the cost model assumes where ranks outnumber a machine's CPUs (every
-/// in-node round then waits for descheduled peers).
+/// in-node round then waits for descheduled peers; measured here: an in-node flag round costs a
+/// few context switches, ~5-20 us).
 pub(crate) const OVERSUBSCRIBED_LOCAL_ALPHA: f64 = 20e-6;
 
 /// Whether `RAILRING_COST` sets `key`.
@@ -230,17 +230,9 @@ fn cost_key_given(key: &str) -> bool {
 }
 
 fn cost_model() -> Result<railring_collectives::cost::CostModel> {
+    // (in-node latency where ranks outnumber a machine's CPUs: comm::setup, once every rank's
+    // CPUs are known)
     let mut m = railring_collectives::cost::CostModel::default_cpu();
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let local = var(vars::LOCAL_SIZE)
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(1);
-    if local > cpus {
-        // measured here: an in-node flag round costs a few context switches (~5-20 us)
-        let _ = m.set("local_alpha", OVERSUBSCRIBED_LOCAL_ALPHA);
-    }
     if let Some(v) = var(vars::COST) {
         for item in v.split(',').map(str::trim).filter(|x| !x.is_empty()) {
             let bad = |why: String| Error::Env {

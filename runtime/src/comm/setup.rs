@@ -220,10 +220,9 @@ impl Communicator {
         // listens on (the same number on every rank, so every rank chooses alike).
         let mut world = world;
         if !world.cfg.cost_local_alpha_given && any_kernel_oversubscribed(&world.peers) {
-            // Ranks outnumber the CPUs of some machine (nodes emulated in namespaces of one
-            // kernel): every in-node round there waits for descheduled peers, as when local
-            // ranks outnumber CPUs (Config's cost model). Decided from what every rank
-            // published, so every rank prices alike.
+            // Ranks outnumber the CPUs of some machine (a node's own ranks, or nodes emulated
+            // in namespaces of one kernel): every in-node round there waits for descheduled
+            // peers. Decided from what every rank published, so every rank prices alike.
             world.cfg.cost.local.alpha = world
                 .cfg
                 .cost
@@ -565,9 +564,7 @@ fn any_kernel_oversubscribed(peers: &[PeerInfo]) -> bool {
 /// namespaces, containers): more of them than CPUs means waits must yield, not spin, and when
 /// several nodes share the kernel each gets its own block of CPUs (see `bind`).
 fn note_kernel_sharing(peers: &[PeerInfo], rank: usize) {
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cpus = cpus() as usize;
     let on_kernel: Vec<&PeerInfo> = peers
         .iter()
         .filter(|p| !p.kernel.is_empty() && p.kernel == peers[rank].kernel)
