@@ -144,7 +144,7 @@ pub fn run(verbose: u8) -> i32 {
         stdin_rx: Some(stdin_rx),
         ranks: NodeRanks::new(),
         grace: Duration::from_secs(3),
-        spawned: false,
+        job: None,
         heartbeat,
     };
     st.main_loop()
@@ -227,7 +227,8 @@ struct AgentState {
     stdin_rx: Option<mpsc::Receiver<Option<Vec<u8>>>>,
     ranks: NodeRanks,
     grace: Duration,
-    spawned: bool,
+    /// The job's id once a Spawn came (a second one is ignored).
+    job: Option<String>,
     heartbeat: Arc<Heartbeat>,
 }
 
@@ -251,10 +252,10 @@ impl AgentState {
             };
             match ev {
                 Ev::Msg(Msg::Spawn(spec)) => {
-                    if self.spawned {
+                    if self.job.is_some() {
                         self.log.say("ignoring a second Spawn");
                     } else {
-                        self.spawned = true;
+                        self.job = Some(spec.job_id.clone());
                         self.spawn(spec);
                     }
                 }
@@ -424,7 +425,7 @@ impl AgentState {
         if n > 0 {
             self.log.v(&format!("killed {n} leftover processes"));
         }
-        sweep_segments(&self.log);
+        sweep_segments(&self.log, self.job.as_deref());
         self.ranks.close_store();
         if bye {
             let _ = self.writer.send(&Msg::Bye);
@@ -439,9 +440,12 @@ impl AgentState {
 }
 
 /// Remove the shared-memory segments a killed job left on this node (ranks killed while
-/// starting up, before every local rank mapped its node's segment).
-fn sweep_segments(log: &Log) {
-    let n = railring::transport::shm::sweep_stale(std::path::Path::new("/dev/shm"));
+/// starting up, before every local rank mapped its node's segment): every file of this job
+/// (its processes here are dead), and those of other dead jobs.
+fn sweep_segments(log: &Log, job: Option<&str>) {
+    let dir = std::path::Path::new("/dev/shm");
+    let n = job.map_or(0, |j| railring::transport::shm::sweep_job(dir, j))
+        + railring::transport::shm::sweep_stale(dir);
     if n > 0 {
         log.v(&format!("removed {n} stale shared-memory segment(s)"));
     }

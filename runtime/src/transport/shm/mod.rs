@@ -232,6 +232,34 @@ pub fn sweep_stale(dir: &Path) -> usize {
     removed
 }
 
+/// Remove every file job `job` made in `dir` (`railring-<job>-*`, `railring-gpu-<job>-*`),
+/// whatever its age or state: for railrun and its agents once every process of that job on the
+/// node is dead. (`sweep_stale` spares a segment still being built for a second, in case its
+/// creator lives in another PID namespace; a rank killed while building one leaves a file that
+/// young, and its own job knows it is garbage.) Returns how many were removed.
+pub fn sweep_job(dir: &Path, job: &str) -> usize {
+    let job = crate::bootstrap::launch::clean_id(job);
+    if job.is_empty() {
+        return 0;
+    }
+    let mine = [format!("railring-{job}-"), format!("railring-gpu-{job}-")];
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if mine.iter().any(|p| name.starts_with(p.as_str()))
+            && std::fs::remove_file(e.path()).is_ok()
+        {
+            tracing::info!(target: "railring::init", "removed the job's shared-memory file {name}");
+            removed += 1;
+        }
+    }
+    removed
+}
+
 fn is_stale(path: &Path, ours: u64) -> bool {
     use std::io::Read;
     let Ok(mut f) = std::fs::File::open(path) else {
@@ -717,6 +745,29 @@ mod tests {
         assert!(live.exists() && !dead.exists() && half.exists() && other.exists());
         assert!(!dying.exists() && building.exists());
         drop((n, m));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_jobs_own_files_go_whatever_their_age() {
+        let d = std::env::temp_dir().join(format!("railring-sweepjob-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        // a segment its (killed) creator was still building, brand new; a GPU flag file; a
+        // finished segment of the job; another job's segment, and one whose id extends ours
+        let building = d.join(format!("railring-j0b-1f-ab.init-{}", dead_pid()));
+        let flags = d.join("railring-gpu-j0b-1f-7-3");
+        let done = d.join("railring-j0b-1f-ab");
+        let other = d.join("railring-j0bx-1f-ab");
+        let other2 = d.join("railring-k1-1f-ab.init-1");
+        for f in [&building, &flags, &done, &other, &other2] {
+            std::fs::write(f, b"").unwrap();
+        }
+        assert_eq!(sweep_stale(&d), 0, "too young for the general sweep");
+        assert_eq!(sweep_job(&d, "j0b"), 3);
+        assert!(!building.exists() && !flags.exists() && !done.exists());
+        assert!(other.exists() && other2.exists());
+        assert_eq!(sweep_job(&d, "-/"), 0, "an empty id removes nothing");
+        assert!(other.exists() && other2.exists());
         let _ = std::fs::remove_dir_all(&d);
     }
 
