@@ -51,8 +51,9 @@ pub struct Config {
     /// rank's links to other nodes are striped over. Automatic: `rails / local ranks` when a
     /// node has fewer ranks than rails (rank i drives rails i, i+L, ...), else 1.
     pub rails_per_rank: usize,
-    /// The cost model the algorithm choice uses: defaults, then `RAILRING_COST` overrides; the
-    /// communicator raises in-node latency where ranks outnumber a machine's CPUs (comm::setup) (`net_beta=1.25e8,net_alpha=5e-5,...`).
+    /// The cost model the algorithm choice uses: defaults, then `RAILRING_COST` overrides
+    /// (`net_beta=1.25e8,net_alpha=5e-5,...`); the communicator raises the in-node latency where
+    /// ranks outnumber a machine's CPUs (`comm::setup`).
     pub cost: railring_collectives::cost::CostModel,
     /// Whether `RAILRING_COST` set `rails`; otherwise the communicator sets it to the rails
     /// every rank has (`comm::setup`).

@@ -443,9 +443,7 @@ impl AgentState {
 /// starting up, before every local rank mapped its node's segment): every file of this job
 /// (its processes here are dead), and those of other dead jobs.
 fn sweep_segments(log: &Log, job: Option<&str>) {
-    let dir = std::path::Path::new("/dev/shm");
-    let n = job.map_or(0, |j| railring::transport::shm::sweep_job(dir, j))
-        + railring::transport::shm::sweep_stale(dir);
+    let n = railring::transport::shm::sweep_after_job(std::path::Path::new("/dev/shm"), job);
     if n > 0 {
         log.v(&format!("removed {n} stale shared-memory segment(s)"));
     }

@@ -633,10 +633,11 @@ impl<'a> Job<'a> {
             self.vlog(&format!("killed {n} leftover process(es) of the job"));
         }
         // Segments of ranks killed while starting up: every file of this job (its processes
-        // here are dead), and those of other dead jobs (railring::transport::shm::sweep_stale).
-        let shm = std::path::Path::new("/dev/shm");
-        railring::transport::shm::sweep_job(shm, &self.job_id);
-        railring::transport::shm::sweep_stale(shm);
+        // here are dead), and those of other dead jobs.
+        railring::transport::shm::sweep_after_job(
+            std::path::Path::new("/dev/shm"),
+            Some(&self.job_id),
+        );
         self.local.close_store();
         self.sink.flush();
     }

@@ -232,12 +232,18 @@ pub fn sweep_stale(dir: &Path) -> usize {
     removed
 }
 
+/// The sweep of railrun's and its agents' teardown, once every process of job `job` (when one
+/// was started) on the node is dead: every file of that job ([`sweep_job`]), then other jobs'
+/// stale segments ([`sweep_stale`]). Returns how many were removed.
+pub fn sweep_after_job(dir: &Path, job: Option<&str>) -> usize {
+    job.map_or(0, |j| sweep_job(dir, j)) + sweep_stale(dir)
+}
+
 /// Remove every file job `job` made in `dir` (`railring-<job>-*`, `railring-gpu-<job>-*`),
-/// whatever its age or state: for railrun and its agents once every process of that job on the
-/// node is dead. (`sweep_stale` spares a segment still being built for a second, in case its
-/// creator lives in another PID namespace; a rank killed while building one leaves a file that
-/// young, and its own job knows it is garbage.) Returns how many were removed.
-pub fn sweep_job(dir: &Path, job: &str) -> usize {
+/// whatever its age or state. (`sweep_stale` spares a segment still being built for a second,
+/// in case its creator lives in another PID namespace; a rank killed while building one leaves
+/// a file that young, and its own job knows it is garbage.) Returns how many were removed.
+fn sweep_job(dir: &Path, job: &str) -> usize {
     let job = crate::bootstrap::launch::clean_id(job);
     if job.is_empty() {
         return 0;
