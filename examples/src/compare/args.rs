@@ -9,6 +9,13 @@ pub const USAGE: &str = "usage: railcompare -np N [options] -- RAILPERF-ARGS...
   --mpirun-args \"...\"    more mpirun arguments (shell-style quoting)
   --railrun-args \"...\"   more railrun arguments
   --rounds N             sweeps per library, alternating ABBA (default 3)
+  --settle SECS          while the host's cross-core latency is more than twice the fastest
+                         probe seen, wait up to SECS before a launch (default 120), and run
+                         a launch again when the probe after it was slow
+  --quiet-ns NS          the host's usual cross-core latency, as the fastest probe to start
+                         from (e.g. the least of several railcompare --probe)
+  --no-settle            no latency probes: launch at once, keep every run
+  --probe                print the host's cross-core latency (ns) and exit
   --no-yield             do not pass --mca mpi_yield_when_idle 1 to mpirun
   --svg FILE             bus bandwidth against size, both libraries (SVG)
   --json FILE            medians, ratios and raw runs (JSON)
@@ -32,6 +39,11 @@ pub struct Args {
     pub json: Option<String>,
     pub verbose: bool,
     pub dry_run: bool,
+    /// Most seconds to wait for a quiet host before a launch; None: no probes.
+    pub settle: Option<u64>,
+    pub probe: bool,
+    /// A known quiet probe (ns) the baseline starts from.
+    pub quiet_ns: Option<f64>,
     pub perf: Vec<String>,
 }
 
@@ -46,6 +58,7 @@ pub fn parse_args(argv: &[String]) -> Result<Args, String> {
         mpirun: "mpirun".into(),
         rounds: 3,
         yield_idle: true,
+        settle: Some(120),
         ..Default::default()
     };
     let mut i = 0;
@@ -93,6 +106,28 @@ pub fn parse_args(argv: &[String]) -> Result<Args, String> {
                     .filter(|&n| (1..=100).contains(&n))
                     .ok_or(format!("--rounds: '{v}' is not a number from 1 to 100"))?;
             }
+            "--settle" => {
+                let v = val(&flag)?;
+                a.settle = Some(
+                    v.trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|&n| n <= 86_400)
+                        .ok_or(format!("--settle: '{v}' is not a number of seconds (0 to 86400)"))?,
+                );
+            }
+            "--no-settle" => a.settle = None,
+            "--quiet-ns" => {
+                let v = val(&flag)?;
+                a.quiet_ns = Some(
+                    v.trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|n| n.is_finite() && *n > 0.0)
+                        .ok_or(format!("--quiet-ns: '{v}' is not a latency in ns"))?,
+                );
+            }
+            "--probe" => a.probe = true,
             "--no-yield" => a.yield_idle = false,
             "--svg" => a.svg = Some(val(&flag)?),
             "--json" => a.json = Some(val(&flag)?),
@@ -111,6 +146,9 @@ pub fn parse_args(argv: &[String]) -> Result<Args, String> {
             }
         }
         i += 1;
+    }
+    if a.probe {
+        return Ok(a);
     }
     if a.np == 0 {
         return Err("-np N is required".into());
@@ -160,5 +198,19 @@ mod tests {
         assert_eq!(a.rounds, 3);
         assert_eq!(a.perf, vec!["allreduce", "-b", "8"]);
         assert!(parse_args(&["--".to_string(), "allreduce".into()]).is_err());
+        assert_eq!(a.settle, Some(120), "the guard is on by default");
+    }
+
+    #[test]
+    fn settle_options() {
+        let p = |v: &[&str]| parse_args(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let a = p(&["-np", "2", "--settle", "30", "--quiet-ns", "65", "--", "reduce"]).unwrap();
+        assert_eq!((a.settle, a.quiet_ns), (Some(30), Some(65.0)));
+        assert_eq!(p(&["-np", "2", "--no-settle", "reduce"]).unwrap().settle, None);
+        assert!(p(&["--probe"]).unwrap().probe, "--probe needs no -np");
+        for bad in [["--settle", "x"], ["--settle", "-1"], ["--quiet-ns", "0"], ["--quiet-ns", "nan"]] {
+            let e = p(&["-np", "2", bad[0], bad[1], "reduce"]).unwrap_err();
+            assert!(e.starts_with(bad[0]), "{e}");
+        }
     }
 }

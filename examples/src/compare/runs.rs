@@ -65,6 +65,8 @@ pub struct Run {
     pub round: usize,
     pub rows: Vec<Row>,
     pub secs: f64,
+    /// The host's cross-core latency in ns before and after the launch (`settle`).
+    pub probes: (Option<f64>, Option<f64>),
 }
 
 fn is_root() -> bool {
@@ -261,6 +263,7 @@ pub fn run_one(lib: Lib, round: usize, a: &Args, t: &Tools) -> Result<Run, Strin
         round,
         rows,
         secs,
+        probes: (None, None),
     })
 }
 
