@@ -438,15 +438,17 @@ impl ShmFabric {
         self.publish_desc(g, desc, false);
         self.node.ready(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
+        // Out of place, this rank's own block is copied while the peers publish theirs: peers
+        // read the input, never `work`, so the copy needs no one.
+        if !std::ptr::eq(input, work) {
+            let (o, n) = slices[me];
+            std::ptr::copy_nonoverlapping(input.wrapping_add(o), work.add(o), n);
+        }
         self.wait_all("collective (waiting for peers' buffers)", g, |j| {
             self.node.ready(j)
         })?;
         self.check_descs(g, desc, describe)?;
         if mode == NodeMode::AllToAll {
-            if !std::ptr::eq(input, work) {
-                let (o, n) = slices[me];
-                std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
-            }
             return self.pairwise_all_to_all(g, work, slices, std::ptr::eq(input, work));
         }
         // all-gather: each rank starts with its next neighbour, so no buffer is read by every
@@ -454,10 +456,6 @@ impl ShmFabric {
         for j in (1..l).map(|k| (me + k) % l) {
             let (o, n) = slices[j];
             self.read_peer(j, g, work.add(o), o, n)?;
-        }
-        if !std::ptr::eq(input, work) {
-            let (o, n) = slices[me];
-            std::ptr::copy_nonoverlapping(input.wrapping_add(o), work.add(o), n);
         }
         self.node.reduced(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
