@@ -145,8 +145,9 @@ fn wait_quiet(base: &mut Baseline, max_wait: u64, what: &str) -> Option<f64> {
 }
 
 /// One launch with the guard around it (`max_wait` None: no guard, one plain launch): wait
-/// while the host is slow, launch, probe again; a launch with a slow probe after it runs again
-/// (at most [`RETRIES`] times).
+/// while the host is slow, launch, probe again (a slow probe is taken again after
+/// [`WAIT_STEP`] seconds, as the launch's processes may still be ending); a launch with a slow
+/// probe after it runs again (at most [`RETRIES`] times).
 pub fn run_guarded(
     lib: Lib,
     round: usize,
@@ -163,7 +164,13 @@ pub fn run_guarded(
     loop {
         let before = wait_quiet(base, max_wait, &what);
         let mut r = run_one(lib, round, a, t)?;
-        let after = cross_core_ns();
+        let mut after = cross_core_ns();
+        if after.is_some_and(|v| base.is_slow(v)) {
+            // The launch's own processes may still be ending (remote ranks, agents, a spinning
+            // finalize) and hold a CPU: a spell of the host outlasts a second look.
+            std::thread::sleep(Duration::from_secs(WAIT_STEP));
+            after = cross_core_ns();
+        }
         if let Some(v) = after {
             base.note(v);
         }
