@@ -27,7 +27,9 @@
 //! first. Per size, each library's row is the run with the **median** time over its rounds (the
 //! faster of the middle two for an even count), time and bus bandwidth from that same run;
 //! `#wrong` is the sum over rounds. (One launch per sweep, not per size: per-size launches would
-//! measure mostly start-up and cold caches.)
+//! measure mostly start-up and cold caches.) **Slow-host guard** (`--settle`, on by default):
+//! a cross-core latency probe before and after every launch; while the host is slow the launch
+//! waits, and one a slow spell overlapped runs again (`railring_examples::compare::settle`).
 //!
 //! Output: one table with both libraries side by side and the ratio railring/MPI of the bus
 //! bandwidth per size, out-of-place and in-place; `--svg` plots bus bandwidth against size
