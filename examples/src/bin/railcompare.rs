@@ -43,7 +43,7 @@
 
 use railring_examples::compare::args::{parse_args, Args, USAGE};
 use railring_examples::compare::plot::svg;
-use railring_examples::compare::runs::{check_tools, command, find_tools, order, show};
+use railring_examples::compare::runs::{check_tools, command, find_tools, order, show, Run};
 use railring_examples::compare::settle::{cross_core_ns, ran_slow, run_guarded, Baseline};
 use railring_examples::compare::stats::{compare, Compared};
 use railring_examples::compare::table::{f_opt, table};
@@ -79,7 +79,9 @@ fn run(mut a: Args) -> Result<i32, String> {
                 println!("{ns:.0}");
                 Ok(0)
             }
-            None => Err("no cross-core probe: fewer than two CPUs, or the probe did not finish".into()),
+            None => {
+                Err("no cross-core probe: fewer than two CPUs, or the probe did not finish".into())
+            }
         };
     }
     // Validate the benchmark's arguments here, once, with railperf's own parser.
@@ -129,7 +131,7 @@ fn run(mut a: Args) -> Result<i32, String> {
     if let Some(q) = a.quiet_ns {
         base.note(q);
     }
-    let said = |r: &railring_examples::compare::runs::Run| {
+    let said = |r: &Run| {
         let wrong: u64 = r.rows.iter().map(|x| x.oop_wrong + x.ip_wrong).sum();
         let probes = match r.probes {
             (Some(b), Some(e)) => format!(", cross-core {b:.0}/{e:.0} ns before/after"),

@@ -53,6 +53,20 @@ fn split_words(s: &str) -> Result<Vec<String>, String> {
     railrun::cli::split_words(s).map_err(|e| e.to_string())
 }
 
+/// `v` as a number that `ok` accepts, else an error naming `flag` and `what` it should be.
+fn number<T: std::str::FromStr>(
+    flag: &str,
+    v: &str,
+    ok: impl Fn(&T) -> bool,
+    what: &str,
+) -> Result<T, String> {
+    v.trim()
+        .parse::<T>()
+        .ok()
+        .filter(ok)
+        .ok_or(format!("{flag}: '{v}' is not {what}"))
+}
+
 pub fn parse_args(argv: &[String]) -> Result<Args, String> {
     let mut a = Args {
         mpirun: "mpirun".into(),
@@ -83,13 +97,12 @@ pub fn parse_args(argv: &[String]) -> Result<Args, String> {
                 break;
             }
             "-np" | "-n" | "--np" | "-c" => {
-                let v = val(&flag)?;
-                a.np = v
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| n > 0 && n < (1 << 20))
-                    .ok_or(format!("{flag}: '{v}' is not a rank count"))?;
+                a.np = number(
+                    &flag,
+                    &val(&flag)?,
+                    |&n: &usize| n > 0 && n < (1 << 20),
+                    "a rank count",
+                )?;
             }
             "--hostfile" | "--machinefile" => a.hostfile = Some(val(&flag)?),
             "-H" | "--host" | "--hosts" => a.hosts = Some(val(&flag)?),
@@ -98,34 +111,22 @@ pub fn parse_args(argv: &[String]) -> Result<Args, String> {
             "--mpirun-args" => a.mpirun_args.extend(split_words(&val(&flag)?)?),
             "--railrun-args" => a.railrun_args.extend(split_words(&val(&flag)?)?),
             "--rounds" => {
-                let v = val(&flag)?;
-                a.rounds = v
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| (1..=100).contains(&n))
-                    .ok_or(format!("--rounds: '{v}' is not a number from 1 to 100"))?;
+                let ok = |n: &usize| (1..=100).contains(n);
+                a.rounds = number(&flag, &val(&flag)?, ok, "a number from 1 to 100")?;
             }
             "--settle" => {
-                let v = val(&flag)?;
-                a.settle = Some(
-                    v.trim()
-                        .parse::<u64>()
-                        .ok()
-                        .filter(|&n| n <= 86_400)
-                        .ok_or(format!("--settle: '{v}' is not a number of seconds (0 to 86400)"))?,
-                );
+                let ok = |&n: &u64| n <= 86_400;
+                a.settle = Some(number(
+                    &flag,
+                    &val(&flag)?,
+                    ok,
+                    "a number of seconds (0 to 86400)",
+                )?);
             }
             "--no-settle" => a.settle = None,
             "--quiet-ns" => {
-                let v = val(&flag)?;
-                a.quiet_ns = Some(
-                    v.trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|n| n.is_finite() && *n > 0.0)
-                        .ok_or(format!("--quiet-ns: '{v}' is not a latency in ns"))?,
-                );
+                let ok = |n: &f64| n.is_finite() && *n > 0.0;
+                a.quiet_ns = Some(number(&flag, &val(&flag)?, ok, "a latency in ns")?);
             }
             "--probe" => a.probe = true,
             "--no-yield" => a.yield_idle = false,
@@ -204,11 +205,29 @@ mod tests {
     #[test]
     fn settle_options() {
         let p = |v: &[&str]| parse_args(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        let a = p(&["-np", "2", "--settle", "30", "--quiet-ns", "65", "--", "reduce"]).unwrap();
+        let a = p(&[
+            "-np",
+            "2",
+            "--settle",
+            "30",
+            "--quiet-ns",
+            "65",
+            "--",
+            "reduce",
+        ])
+        .unwrap();
         assert_eq!((a.settle, a.quiet_ns), (Some(30), Some(65.0)));
-        assert_eq!(p(&["-np", "2", "--no-settle", "reduce"]).unwrap().settle, None);
+        assert_eq!(
+            p(&["-np", "2", "--no-settle", "reduce"]).unwrap().settle,
+            None
+        );
         assert!(p(&["--probe"]).unwrap().probe, "--probe needs no -np");
-        for bad in [["--settle", "x"], ["--settle", "-1"], ["--quiet-ns", "0"], ["--quiet-ns", "nan"]] {
+        for bad in [
+            ["--settle", "x"],
+            ["--settle", "-1"],
+            ["--quiet-ns", "0"],
+            ["--quiet-ns", "nan"],
+        ] {
             let e = p(&["-np", "2", bad[0], bad[1], "reduce"]).unwrap_err();
             assert!(e.starts_with(bad[0]), "{e}");
         }
