@@ -48,7 +48,11 @@ fn cells_at_the_wire_ceiling_for_both_are_marked_and_left_out_of_the_minimum() {
         .output()
         .expect("python3 runs the table script");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let line = text
         .lines()
         .find(|l| l.starts_with("| 2 hosts x 1 rank | broadcast |"))
@@ -58,7 +62,10 @@ fn cells_at_the_wire_ceiling_for_both_are_marked_and_left_out_of_the_minimum() {
     assert_eq!(cells[3], "0.50† / 0.50†", "{line}");
     assert_eq!(cells[4], "0.95 / 0.95", "{line}");
     assert_eq!(cells[5], "0.90= / 0.90=", "{line}");
-    assert_eq!(cells[6], "0.95", "the minimum leaves the marked cells out: {line}");
+    assert_eq!(
+        cells[6], "0.95",
+        "the minimum leaves the marked cells out: {line}"
+    );
     assert!(
         text.contains("=: both libraries take at most 1.03 x that wire time"),
         "{text}"
