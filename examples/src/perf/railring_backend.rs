@@ -2,14 +2,17 @@
 //! (blocking, `-z 1`), or through its non-blocking `*_start` calls (`-z 0`, the default): every
 //! timed iteration is started first, then all are waited for ([`Railring::calls`]).
 //!
-//! The `*_start` calls take an owned, typed buffer and work in place, so the non-blocking mode
-//! keeps a pool of such buffers per output buffer (made during the warm-up, from the prepared
-//! data, as many as the timed batch will use: [`Backend::expect_calls`]): at most
-//! [`NONBLOCKING_BUDGET`] bytes and [`NONBLOCKING_MAX_CALLS`] calls of them, so large sizes
-//! have fewer calls in flight (one at 4 MiB and up); when the window is full the older half is
-//! waited for at once. Out of place, each call's buffer first gets a copy of the input (the
-//! input stays untouched, as out-of-place requires). The last call's result is copied to the
-//! output once per batch, so the checked run goes through this mode too.
+//! The `*_start` calls take owned, typed buffers, so the non-blocking mode keeps a pool of
+//! such buffers per output buffer (made during the warm-up, from the prepared data, as many as
+//! the timed batch will use: [`Backend::expect_calls`]): at most [`NONBLOCKING_BUDGET`] bytes
+//! and [`NONBLOCKING_MAX_CALLS`] calls of them, so large sizes have fewer calls in flight (one
+//! at 4 MiB and up); when the window is full the older half is waited for at once. Out of
+//! place, all-reduce, all-gather, reduce and all-to-all go through their `*_into_start` calls,
+//! each on a pooled (input, output) pair whose input was copied once (an out-of-place call
+//! leaves it untouched), so the input is read where it is, as blocking calls read theirs;
+//! reduce-scatter and broadcast have no out-of-place form and work on a buffer that first gets
+//! a copy of the input, as their blocking calls here do. The last call's result is copied to
+//! the output once per batch, so the checked run goes through this mode too.
 //! `sendrecv` has no non-blocking call: it is timed with blocking calls, and the table's
 //! header says so.
 
@@ -28,12 +31,22 @@ pub const NONBLOCKING_BUDGET: usize = 4 << 20;
 /// nccl-tests': more only grows the queue of pending buffers and results).
 pub const NONBLOCKING_MAX_CALLS: usize = 1024;
 
+/// The (input, output) pairs of out-of-place non-blocking calls, keyed by the addresses of the
+/// input and output buffers they were made for (a `Vec<(Vec<T>, Vec<T>)>`).
+type PairPool = ((usize, usize), Box<dyn Any>);
+
 /// railring as a [`Backend`].
 pub struct Railring {
     pub comm: railring::Communicator,
     /// The owned buffers of the non-blocking mode: a `Vec<Vec<T>>` made for the output buffer
     /// at this address (a new output buffer, e.g. the checked run's, gets new ones).
     pool: RefCell<Option<(usize, Box<dyn Any>)>>,
+    /// The owned (input, output) pairs of out-of-place non-blocking calls: a
+    /// `Vec<(Vec<T>, Vec<T>)>` made for the input and output buffers at these addresses, the
+    /// inputs copied once. Emptied by [`Backend::expect_calls`], which the driver calls before
+    /// each measurement: within one, an input buffer's address names its contents (the timed
+    /// input and the checked run's input are different buffers, alive together).
+    pairs: RefCell<Option<PairPool>>,
     /// The most calls one batch will make ([`Backend::expect_calls`]): the warm-up makes the
     /// pool that large, so the timed batch allocates nothing.
     expected: std::cell::Cell<usize>,
@@ -44,6 +57,7 @@ impl Railring {
         Railring {
             comm,
             pool: RefCell::new(None),
+            pairs: RefCell::new(None),
             expected: std::cell::Cell::new(0),
         }
     }
@@ -148,6 +162,149 @@ impl Railring {
     }
 }
 
+impl Railring {
+    /// [`Railring::start_all`] for an out-of-place call that has a non-blocking out-of-place
+    /// form (`*_into_start`: all-reduce, all-gather, reduce, all-to-all): each call reads an
+    /// owned copy of `input` where it is, as the blocking call reads `input`, instead of first
+    /// copying it into the buffer it works on. The copies are made with the pool, once per
+    /// measurement: an out-of-place call leaves its input unchanged.
+    fn start_all_into<T: Element>(
+        &self,
+        iters: usize,
+        call: &Call,
+        input: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), String> {
+        let size_t = std::mem::size_of::<T>();
+        let (ni, no) = (input.len() / size_t, out.len() / size_t);
+        let per_call = input.len() + out.len();
+        let window = Railring::window(iters, per_call);
+        let pool_len = Railring::window(iters.max(self.expected.get()), per_call);
+        let mut slot = self.pairs.borrow_mut();
+        let key = (input.as_ptr() as usize, out.as_ptr() as usize);
+        let owned = |src: &[u8], n: usize| {
+            let mut v = vec![T::default(); n];
+            let k = src.len().min(n * size_t);
+            // SAFETY: T is plain old data (Element); k bytes fit in both.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), v.as_mut_ptr() as *mut u8, k) };
+            v
+        };
+        let fits = slot
+            .as_ref()
+            .filter(|(k, _)| *k == key)
+            .and_then(|(_, b)| b.downcast_ref::<Vec<(Vec<T>, Vec<T>)>>())
+            .is_some_and(|p| {
+                p.len() >= window && p.iter().all(|(i, o)| i.len() == ni && o.len() == no)
+            });
+        if !fits {
+            let pairs: Vec<(Vec<T>, Vec<T>)> = (0..pool_len)
+                .map(|_| (owned(input, ni), owned(&*out, no)))
+                .collect();
+            *slot = Some((key, Box::new(pairs)));
+        }
+        let pool = slot
+            .as_mut()
+            .and_then(|(_, b)| b.downcast_mut::<Vec<(Vec<T>, Vec<T>)>>())
+            .ok_or("non-blocking buffer pool")?;
+        let e = |e: railring::Error| e.to_string();
+        let mut inflight: std::collections::VecDeque<Pending<(Vec<T>, Vec<T>)>> =
+            Default::default();
+        let mut free: Vec<(Vec<T>, Vec<T>)> = std::mem::take(pool);
+        for _ in 0..iters {
+            if free.is_empty() {
+                // window full: wait for the older half, newest first (see start_all)
+                let k = inflight.len().div_ceil(2);
+                let mut older: Vec<_> = inflight.drain(..k).collect();
+                let newest = older.pop().ok_or("no call in flight")?;
+                free.push(newest.wait().map_err(e)?);
+                for p in older {
+                    free.push(p.wait().map_err(e)?);
+                }
+            }
+            let (i, o) = free.pop().ok_or("no buffer")?;
+            let Call { op, root, .. } = *call;
+            let p = match call.coll {
+                Coll::AllReduce => self.comm.all_reduce_into_start(i, o, op),
+                Coll::AllGather => self.comm.all_gather_into_start(i, o),
+                Coll::Reduce => self.comm.reduce_into_start(i, o, op, root),
+                Coll::AllToAll => self.comm.all_to_all_into_start(i, o),
+                c => return Err(format!("{c:?} has no out-of-place non-blocking call")),
+            };
+            inflight.push_back(p);
+        }
+        // the last call's output is the result (see start_all)
+        let mut inflight: Vec<_> = inflight.into();
+        let last = match inflight.pop() {
+            Some(p) => Some(p.wait().map_err(e)?),
+            None => None,
+        };
+        for p in inflight {
+            free.push(p.wait().map_err(e)?);
+        }
+        if let Some((i, o)) = last {
+            let k = out.len().min(o.len() * size_t);
+            out[..k].copy_from_slice(&as_u8(&o)[..k]);
+            free.push((i, o));
+        }
+        *pool = free;
+        Ok(())
+    }
+}
+
+/// The bytes of a slice of plain-old-data elements.
+fn as_u8<T: Element>(v: &[T]) -> &[u8] {
+    // SAFETY: T is plain old data (Element): every byte is initialised and may be read as u8.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// `$body` with the element type `$t` of `$dtype`.
+macro_rules! by_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            DataType::I8 => {
+                type $t = i8;
+                $body
+            }
+            DataType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DataType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DataType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DataType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DataType::U64 => {
+                type $t = u64;
+                $body
+            }
+            DataType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            DataType::Bf16 => {
+                type $t = half::bf16;
+                $body
+            }
+            DataType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DataType::F64 => {
+                type $t = f64;
+                $body
+            }
+        }
+    };
+}
+
 impl Backend for Railring {
     fn name(&self) -> String {
         "railring".into()
@@ -237,6 +394,12 @@ impl Backend for Railring {
             }
             return Ok(());
         }
+        // Out of place with a non-blocking out-of-place call: the input is read where it is.
+        if let (Some(i), Coll::AllReduce | Coll::AllGather | Coll::Reduce | Coll::AllToAll) =
+            (input, call.coll)
+        {
+            return by_dtype!(call.dtype, T => self.start_all_into::<T>(iters, call, i, output));
+        }
         // The input of an out-of-place call in its in-place form: what `call` would reduce.
         let input = match (call.coll, input) {
             (Coll::AllGather, Some(i)) => {
@@ -254,18 +417,7 @@ impl Backend for Railring {
         let oop = input.is_some();
         let input = input.as_deref();
         let out = &mut *output;
-        let r = match call.dtype {
-            DataType::I8 => self.start_all::<i8>(iters, call, input, out),
-            DataType::U8 => self.start_all::<u8>(iters, call, input, out),
-            DataType::I32 => self.start_all::<i32>(iters, call, input, out),
-            DataType::U32 => self.start_all::<u32>(iters, call, input, out),
-            DataType::I64 => self.start_all::<i64>(iters, call, input, out),
-            DataType::U64 => self.start_all::<u64>(iters, call, input, out),
-            DataType::F16 => self.start_all::<half::f16>(iters, call, input, out),
-            DataType::Bf16 => self.start_all::<half::bf16>(iters, call, input, out),
-            DataType::F32 => self.start_all::<f32>(iters, call, input, out),
-            DataType::F64 => self.start_all::<f64>(iters, call, input, out),
-        };
+        let r = by_dtype!(call.dtype, T => self.start_all::<T>(iters, call, input, out));
         if r.is_ok() && oop && call.coll == Coll::ReduceScatter {
             // out of place, this rank's block goes first (as the blocking form leaves it)
             let n = self.comm.size();
@@ -277,6 +429,7 @@ impl Backend for Railring {
     }
     fn expect_calls(&self, iters: usize) {
         self.expected.set(iters);
+        self.pairs.borrow_mut().take();
     }
     fn calls_label(&self, coll: Coll) -> String {
         if coll == Coll::SendRecv {

@@ -175,6 +175,34 @@ impl Communicator {
         })
     }
 
+    /// Out-of-place all-reduce of owned buffers, started now: `wait()` returns `(input,
+    /// output)`, `output` holding the reduction of every rank's `input` (`input` unchanged). The
+    /// runtime reads `input` where it is (no copy into `output` first), as
+    /// [`Communicator::all_reduce_into`] does.
+    pub fn all_reduce_into_start<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+    ) -> Pending<(Vec<T>, Vec<T>)> {
+        if input.len() != output.len() {
+            return Pending::done(Err(Error::Invalid(format!(
+                "all_reduce_into_start: input has {} elements, output {}",
+                input.len(),
+                output.len()
+            ))));
+        }
+        self.submit(move |g| {
+            g.all_reduce_from(
+                as_bytes_mut(&mut output),
+                Some(as_bytes(&input)),
+                T::DTYPE,
+                op,
+            )
+            .map(|_| (input, output))
+        })
+    }
+
     /// Reduce-scatter: `input` holds `size` blocks of `output.len()` elements; rank r's `output`
     /// receives the reduction of block r.
     pub fn reduce_scatter<T: Element>(
@@ -234,6 +262,26 @@ impl Communicator {
 
     pub fn all_gather_start<T: Element>(&self, mut buf: Vec<T>) -> Pending<Vec<T>> {
         self.submit(move |g| g.all_gather(as_bytes_mut(&mut buf), T::DTYPE).map(|_| buf))
+    }
+
+    /// Out-of-place all-gather of owned buffers, started now: `wait()` returns `(input,
+    /// output)`, `output` (`size` x `input.len()`) holding every rank's `input` in rank order.
+    pub fn all_gather_into_start<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+    ) -> Pending<(Vec<T>, Vec<T>)> {
+        let (n, c) = (self.size(), input.len());
+        if output.len() != c * n {
+            return Pending::done(Err(Error::Invalid(format!(
+                "all_gather_into_start: output has {} elements, expected {c} x {n}",
+                output.len()
+            ))));
+        }
+        self.submit(move |g| {
+            g.all_gather_into(as_bytes(&input), as_bytes_mut(&mut output), T::DTYPE)
+                .map(|_| (input, output))
+        })
     }
 
     /// Broadcast `root`'s `buf` to every rank.
@@ -301,6 +349,35 @@ impl Communicator {
         })
     }
 
+    /// Out-of-place reduce of owned buffers, started now: `wait()` returns `(input, output)`;
+    /// the root's `output` holds the reduction of every rank's `input` (elsewhere `output` is
+    /// scratch), as [`Communicator::reduce`].
+    pub fn reduce_into_start<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Pending<(Vec<T>, Vec<T>)> {
+        if input.len() != output.len() {
+            return Pending::done(Err(Error::Invalid(format!(
+                "reduce_into_start: input has {} elements, output {}",
+                input.len(),
+                output.len()
+            ))));
+        }
+        self.submit(move |g| {
+            g.reduce_from(
+                as_bytes_mut(&mut output),
+                Some(as_bytes(&input)),
+                T::DTYPE,
+                op,
+                root,
+            )
+            .map(|_| (input, output))
+        })
+    }
+
     /// All-to-all: `input` holds `size` blocks (block j goes to rank j); `output` receives
     /// `size` blocks (block j from rank j).
     pub fn all_to_all<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
@@ -327,6 +404,27 @@ impl Communicator {
             )));
         }
         self.blocking(|g| g.all_to_all_in_place(as_bytes_mut(buf), T::DTYPE))
+    }
+
+    /// Out-of-place all-to-all of owned buffers, started now: `wait()` returns `(input,
+    /// output)`, `output` holding block j from rank j (as [`Communicator::all_to_all`]).
+    pub fn all_to_all_into_start<T: Element>(
+        &self,
+        input: Vec<T>,
+        mut output: Vec<T>,
+    ) -> Pending<(Vec<T>, Vec<T>)> {
+        let n = self.size();
+        if input.len() != output.len() || !input.len().is_multiple_of(n) {
+            return Pending::done(Err(Error::Invalid(format!(
+                "all_to_all_into_start: input {} and output {} elements must be equal and divisible by {n}",
+                input.len(),
+                output.len()
+            ))));
+        }
+        self.submit(move |g| {
+            g.all_to_all(as_bytes(&input), as_bytes_mut(&mut output), T::DTYPE)
+                .map(|_| (input, output))
+        })
     }
 
     /// All-to-all of `buf` (as [`Communicator::all_to_all_in_place`]), started now: the same

@@ -310,6 +310,53 @@ fn main() {
             check("all_to_all_start", &got, |i| {
                 Some(val(i / k, me * k + i % k, ReduceOp::Sum) as u32)
             });
+            // non-blocking out of place: the four *_into_start calls in flight together; each
+            // output checked, each input handed back unchanged
+            let m = 3001;
+            let inp = |len: usize| -> Vec<f32> {
+                (0..len).map(|i| val(me, i, ReduceOp::Sum) as f32).collect()
+            };
+            let ar = c.all_reduce_into_start(inp(m), vec![-1.0f32; m], ReduceOp::Sum);
+            let ag = c.all_gather_into_start(inp(m), vec![-1.0f32; m * n]);
+            let rd = c.reduce_into_start(inp(m), vec![-1.0f32; m], ReduceOp::Sum, n - 1);
+            let aa = c.all_to_all_into_start(inp(m * n), vec![-1.0f32; m * n]);
+            let (i, o) = ar.wait().unwrap();
+            assert!(i == inp(m), "all_reduce_into_start changed its input");
+            check("all_reduce_into_start", &o, |i| {
+                Some(expect::<f32>(n, i, ReduceOp::Sum))
+            });
+            let (i, o) = ag.wait().unwrap();
+            assert!(i == inp(m), "all_gather_into_start changed its input");
+            check("all_gather_into_start", &o, |i| {
+                Some(val(i / m, i % m, ReduceOp::Sum) as f32)
+            });
+            let (i, o) = rd.wait().unwrap();
+            assert!(i == inp(m), "reduce_into_start changed its input");
+            if me == n - 1 {
+                check("reduce_into_start", &o, |i| {
+                    Some(expect::<f32>(n, i, ReduceOp::Sum))
+                });
+            }
+            let (i, o) = aa.wait().unwrap();
+            assert!(i == inp(m * n), "all_to_all_into_start changed its input");
+            check("all_to_all_into_start", &o, |i| {
+                Some(val(i / m, me * m + i % m, ReduceOp::Sum) as f32)
+            });
+            // lengths that disagree fail at once, naming the call, and the next call still runs
+            let e = c
+                .all_reduce_into_start(vec![1.0f32; 3], vec![0.0f32; 4], ReduceOp::Sum)
+                .wait()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("all_reduce_into_start"), "{e}");
+            if n > 1 {
+                let e = c
+                    .all_gather_into_start(vec![1.0f32; 3], vec![0.0f32; 3])
+                    .wait()
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("all_gather_into_start"), "{e}");
+            }
             c.barrier().unwrap();
             c.barrier_start().wait().unwrap();
             // split: even and odd ranks, reversed order by key
