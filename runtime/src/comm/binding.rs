@@ -298,7 +298,7 @@ fn no_overlap(i: &Region, o: &Region, what: &str) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::bootstrap::Rendezvous;
     use crate::config::Config;
@@ -308,7 +308,7 @@ mod tests {
     use std::time::Duration;
 
     /// `n` ranks as threads of this process over a real store; `f` runs on each.
-    fn world(n: usize, f: impl Fn(Communicator) + Send + Sync + 'static) {
+    pub(in crate::comm) fn world(n: usize, f: impl Fn(Communicator) + Send + Sync + 'static) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let srv = store::serve(l, "k", Store::new()).unwrap();
         let addr = srv.addr.to_string();

@@ -639,7 +639,7 @@ pub(crate) fn all_reduce_device_start<R: Send + 'static>(
     finish: impl FnOnce(CudaEvent) -> Result<R> + Send + 'static,
 ) -> Pending<R> {
     let slot = slot_of(c);
-    c.submit(move |g| {
+    c.submit_to_worker(move |g| {
         let done = run_all_reduce(g, &slot, &ctx, buf, &ready)?;
         finish(done)
     })

@@ -55,9 +55,12 @@ struct Shared {
     inner: Mutex<Inner>,
     turn: Mutex<order::Turn>,
     turn_cv: Condvar,
-    worker: Mutex<Option<mpsc::Sender<order::Job>>>,
+    worker: Mutex<Option<mpsc::Sender<order::Queued>>>,
     /// Set once the worker exists: from then on calls take tickets.
     worker_started: std::sync::atomic::AtomicBool,
+    /// Tests: while set, the worker takes up no call.
+    #[cfg(test)]
+    hold_worker: Arc<std::sync::atomic::AtomicBool>,
     rank: usize,
     size: usize,
     local_rank: usize,

@@ -1,7 +1,10 @@
 //! Call ordering: calls run in the order they are made. Blocking calls run on the caller's
-//! thread; `*_start` calls run on one worker thread; once a worker exists, every call takes a
-//! ticket so blocking and non-blocking calls keep program order. [`Pending`] is the handle of a
-//! started call.
+//! thread; `*_start` calls run on one worker thread — or, when a host-memory call is waited for
+//! before the worker has taken it up, on the waiting thread (it claims the call: a start
+//! followed at once by its wait then costs no hand-over to the worker and back, which on a
+//! rank pinned to one core is two context switches). Once a worker exists, every call takes a
+//! ticket so blocking and non-blocking calls keep program order (a claimed call still waits for
+//! its ticket's turn). [`Pending`] is the handle of a started call.
 
 use super::call::Inner;
 use super::{Communicator, Shared};
@@ -10,6 +13,12 @@ use std::sync::{mpsc, Arc, Mutex};
 
 /// Work for the communicator's worker thread.
 pub(super) type Job = Box<dyn FnOnce() + Send>;
+
+/// A started call's work until someone runs it: the worker, or a thread that waits for the call
+/// first ([`Pending::wait`]); whoever takes it out runs it, the other finds it gone.
+type JobCell = Mutex<Option<Job>>;
+/// What the worker's queue holds: a started call's [`JobCell`].
+pub(super) type Queued = Arc<JobCell>;
 
 /// The call-order tickets: `next` is the next ticket to hand out, `now` the one whose turn it
 /// is, `waiting` how many threads sleep on the turn's condition variable (a call's end wakes
@@ -92,6 +101,31 @@ impl<T> Drop for Filler<T> {
 #[must_use = "a started collective must be waited for"]
 pub struct Pending<T> {
     slot: Arc<Slot<T>>,
+    /// The call's work while nobody has taken it up, with the call order it waits its turn in
+    /// (`None`: never claimable here, e.g. device calls, which run on the worker's thread and
+    /// its CUDA context).
+    job: Option<Claim>,
+}
+
+/// What a waiter needs to claim a started call: its work and its place in the call order.
+struct Claim {
+    cell: Arc<JobCell>,
+    sh: Arc<Shared>,
+    ticket: u64,
+}
+
+impl Claim {
+    /// The call's work, when it is the call whose turn it is and the worker has not taken it
+    /// up. (A call further back is left to the worker: waiting for its turn here would wake
+    /// this thread at the end of every call before it.)
+    fn take(&self) -> Option<Job> {
+        let now = self.sh.turn.lock().unwrap_or_else(|e| e.into_inner()).now;
+        if now == self.ticket {
+            take_job(&self.cell)
+        } else {
+            None
+        }
+    }
 }
 
 impl<T> Pending<T> {
@@ -99,15 +133,20 @@ impl<T> Pending<T> {
     pub(super) fn done(r: Result<T>) -> Pending<T> {
         let slot = Slot::new();
         slot.fill(r);
-        Pending { slot }
+        Pending { slot, job: None }
     }
 
     fn gone() -> Error {
         Error::Poisoned("the communicator's worker thread is gone".into())
     }
 
-    /// Block until the operation completes.
+    /// Block until the operation completes (running it on this thread when the worker has not
+    /// taken it up yet).
     pub fn wait(self) -> Result<T> {
+        let claimed = self.job.as_ref().and_then(Claim::take);
+        if let Some(j) = claimed {
+            j();
+        }
         let mut st = self.slot.lock();
         loop {
             if let Some(r) = st.result.take() {
@@ -135,6 +174,10 @@ impl<T> Pending<T> {
         };
         r.ok_or(self)
     }
+}
+
+fn take_job(cell: &JobCell) -> Option<Job> {
+    cell.lock().unwrap_or_else(|e| e.into_inner()).take()
 }
 
 impl Communicator {
@@ -185,9 +228,27 @@ impl Communicator {
         Self::run(&self.sh, t, f)
     }
 
+    /// Start a host-memory call: on the worker, or on the thread that waits for it first.
     pub(super) fn submit<R: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Inner) -> Result<R> + Send + 'static,
+    ) -> Pending<R> {
+        self.submit_on(f, true)
+    }
+
+    /// Start a call that must run on the worker's thread (device calls: its CUDA context).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn submit_to_worker<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Inner) -> Result<R> + Send + 'static,
+    ) -> Pending<R> {
+        self.submit_on(f, false)
+    }
+
+    fn submit_on<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Inner) -> Result<R> + Send + 'static,
+        claimable: bool,
     ) -> Pending<R> {
         let slot = Slot::new();
         let filler = Filler(Some(slot.clone()));
@@ -197,14 +258,37 @@ impl Communicator {
             let r = Self::run(&sh, t, f);
             filler.fill(r);
         });
+        let cell: Arc<JobCell> = Arc::new(Mutex::new(Some(job)));
         let mut w = self.sh.worker.lock().unwrap_or_else(|e| e.into_inner());
         if w.is_none() {
-            let (jtx, jrx) = mpsc::channel::<Job>();
+            let (jtx, jrx) = mpsc::channel::<Queued>();
+            #[cfg(test)]
+            let hold = self.sh.hold_worker.clone();
             let spawned = std::thread::Builder::new()
                 .name("railring-worker".into())
                 .spawn(move || {
-                    while let Ok(j) = jrx.recv() {
-                        j();
+                    loop {
+                        let c = match jrx.try_recv() {
+                            Ok(c) => c,
+                            Err(mpsc::TryRecvError::Disconnected) => break,
+                            Err(mpsc::TryRecvError::Empty) => {
+                                let Ok(c) = jrx.recv() else { break };
+                                // Just woken, on the caller's core (a pinned rank): let a caller
+                                // that is about to wait claim the call first; one that computes
+                                // meanwhile gets the core back at once and the call runs here.
+                                std::thread::yield_now();
+                                c
+                            }
+                        };
+                        #[cfg(test)]
+                        while hold.load(std::sync::atomic::Ordering::Acquire) {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        // (gone when a waiter claimed it first)
+                        let j = take_job(&c);
+                        if let Some(j) = j {
+                            j();
+                        }
                     }
                 });
             if spawned.is_ok() {
@@ -216,13 +300,26 @@ impl Communicator {
         }
         match w.as_ref() {
             Some(s) => {
-                if let Err(mpsc::SendError(j)) = s.send(job) {
+                if let Err(mpsc::SendError(c)) = s.send(cell.clone()) {
+                    if let Some(j) = take_job(&c) {
+                        j();
+                    }
+                }
+            }
+            None => {
+                if let Some(j) = take_job(&cell) {
                     j();
                 }
             }
-            None => job(),
         }
-        Pending { slot }
+        Pending {
+            slot,
+            job: claimable.then(|| Claim {
+                cell,
+                sh: self.sh.clone(),
+                ticket: t,
+            }),
+        }
     }
 }
 
@@ -240,13 +337,62 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_call_waited_for_at_its_turn_runs_on_the_waiting_thread_else_on_the_worker() {
+        crate::comm::binding::tests::world(1, |c| {
+            let me = std::thread::current().id();
+            let here = |_: &mut Inner| Ok(std::thread::current().id());
+            // the worker is held: the first call, at its turn, is claimed by its wait
+            c.sh.hold_worker
+                .store(true, std::sync::atomic::Ordering::Release);
+            // (should the wait not claim it, the worker runs it after 3 s: a failure, not a hang)
+            let guard = c.sh.hold_worker.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_secs(3));
+                guard.store(false, std::sync::atomic::Ordering::Release);
+            });
+            let p = c.submit(here);
+            assert_eq!(p.wait().unwrap(), me, "claimed by the waiter");
+            c.sh.hold_worker
+                .store(false, std::sync::atomic::Ordering::Release);
+            // a call behind another one is left to the worker (waiting for its turn here would
+            // wake this thread at the end of every call before it)
+            let (tx, rx) = mpsc::channel::<()>();
+            let a = c.submit(move |_| {
+                let _ = rx.recv();
+                Ok(std::thread::current().id())
+            });
+            let b = c.submit(here);
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                tx.send(()).unwrap();
+            });
+            let on_b = b.wait().unwrap();
+            let on_a = a.wait().unwrap();
+            t.join().unwrap();
+            assert_ne!(on_a, me, "the worker ran the first call");
+            assert_eq!(on_b, on_a, "the call behind it ran on the worker too");
+            // device calls never run on the waiter, even at their turn with the worker held
+            c.sh.hold_worker
+                .store(true, std::sync::atomic::Ordering::Release);
+            let d = c.submit_to_worker(here);
+            let release = c.sh.hold_worker.clone();
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                release.store(false, std::sync::atomic::Ordering::Release);
+            });
+            assert_eq!(d.wait().unwrap(), on_a, "a device call runs on the worker");
+            t.join().unwrap();
+        });
+    }
+
+    #[test]
     fn a_result_filled_before_or_after_the_wait_arrives_once() {
         let p = Pending::done(Ok(7u32));
         assert_eq!(p.wait().unwrap(), 7);
         // the waiter parks first, the worker fills later
         let slot = Slot::<Vec<u8>>::new();
         let f = Filler(Some(slot.clone()));
-        let p = Pending { slot };
+        let p = Pending { slot, job: None };
         let p = p.test().expect_err("nothing filled yet");
         let t = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -260,7 +406,7 @@ mod tests {
     fn a_job_dropped_unrun_or_panicking_ends_its_pending_with_an_error() {
         let slot = Slot::<u8>::new();
         let f = Filler(Some(slot.clone()));
-        let p = Pending { slot };
+        let p = Pending { slot, job: None };
         let t = std::thread::spawn(move || {
             let _f = f;
             std::thread::sleep(std::time::Duration::from_millis(50));
@@ -271,7 +417,7 @@ mod tests {
         assert!(t.join().is_err());
         let slot = Slot::<u8>::new();
         drop(Filler(Some(slot.clone())));
-        let e = Pending { slot }
+        let e = Pending { slot, job: None }
             .test()
             .ok()
             .unwrap()

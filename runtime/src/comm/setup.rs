@@ -485,6 +485,8 @@ impl Communicator {
                 turn_cv: Condvar::new(),
                 worker: Mutex::new(None),
                 worker_started: std::sync::atomic::AtomicBool::new(false),
+                #[cfg(test)]
+                hold_worker: Default::default(),
                 rank,
                 size,
                 local_rank,
