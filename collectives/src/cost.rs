@@ -376,10 +376,56 @@ impl CostModel {
         Ok(worst)
     }
 
+    /// Seconds per call of back-to-back calls: the busiest rank's busiest direction — its sends,
+    /// or its receives and their reductions, each summed over the plan (links are full duplex:
+    /// the next call's receive overlaps this call's send), waiting excluded. In a rooted call
+    /// only the root waits for the result (a broadcast's root, a reduce's other ranks, are done
+    /// once their data is out), so consecutive calls overlap and this, not the critical path, is
+    /// their pace.
+    pub fn stream_price(
+        &self,
+        kind: CollKind,
+        algo: Algo,
+        layout: &Layout,
+        count: usize,
+        dtype_size: usize,
+        root: usize,
+    ) -> Result<f64, PlanError> {
+        let n = validate_layout(layout)?;
+        let ranks: Vec<usize> = if n <= SIMULATE_MAX_RANKS {
+            (0..n).collect()
+        } else {
+            let order: Vec<usize> = layout.nodes.iter().flatten().copied().collect();
+            let mut v = vec![order[0], order[1], root.min(n - 1)];
+            for node in &layout.nodes {
+                v.extend(node.first());
+                v.extend(node.last());
+            }
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let nodes = NodeMap::new(layout);
+        let mut worst: f64 = 0.0;
+        for r in ranks {
+            let plan = build_plan(kind, algo, layout, r, count, root)?;
+            worst = worst.max(self.rank_view(&plan, &nodes, dtype_size).pace(&plan.steps));
+        }
+        Ok(worst)
+    }
+
     /// Picks the cheapest algorithm for the call, with the reason (every candidate's price).
     /// Ties go to the earlier candidate of [`algorithms_for`]. Barrier is priced as an all-reduce
     /// of `max(count, 1)` elements. send_recv has no plan: `Ring` is returned with a reason
     /// saying so.
+    ///
+    /// Rooted calls (broadcast, reduce) are chosen for calls that follow each other: among the
+    /// algorithms whose single call takes at most [`ROOTED_SLACK`] x the quickest one's, the one
+    /// with the least [`Self::stream_price`], when that is below [`ROOTED_GAIN`] x the quickest
+    /// one's (e.g. 4 nodes, reduce of 4 KiB: the chain, whose root takes one message's bytes a
+    /// call, not the tree, whose root takes two, though the tree's single call is quicker; at 8
+    /// bytes, where per-message work rules, the tree). The bound keeps a 63-hop chain from a
+    /// small call on 64 nodes.
     pub fn choose(
         &self,
         kind: CollKind,
@@ -418,15 +464,55 @@ impl CostModel {
                 Err(e) => parts.push(format!("{algo} n/a ({e})")),
             }
         }
-        let algo = best.map_or(fallback, |b| b.0);
+        let mut algo = best.map_or(fallback, |b| b.0);
+        let mut how = String::new();
+        if let (Some((_, quickest)), CollKind::Reduce | CollKind::Broadcast) = (best, kind) {
+            let mut paced: Option<(Algo, f64)> = None;
+            let mut own: Option<f64> = None;
+            let mut paces = Vec::new();
+            for &a in cands {
+                let Ok(t) = self.price_call(kind, a, layout, count, dtype_size, root) else {
+                    continue;
+                };
+                if t > ROOTED_SLACK * quickest {
+                    continue;
+                }
+                if let Ok(p) = self.stream_price(kind, a, layout, count, dtype_size, root) {
+                    paces.push(format!("{a} {}", fmt_time(p)));
+                    if a == algo {
+                        own = Some(p);
+                    }
+                    if paced.is_none_or(|(_, b)| p < b) {
+                        paced = Some((a, p));
+                    }
+                }
+            }
+            // only a clear gain back to back leaves the quickest single call
+            if let (Some((a, p)), Some(o)) = (paced, own) {
+                if p < ROOTED_GAIN * o {
+                    algo = a;
+                }
+            }
+            how = format!(
+                "; back to back, per call (single call within {ROOTED_SLACK}x the quickest): {}",
+                paces.join(", ")
+            );
+        }
         let reason = format!(
-            "{kind} of {count} x {dtype_size} B on {n} ranks / {} nodes: {} -> {algo}",
+            "{kind} of {count} x {dtype_size} B on {n} ranks / {} nodes: {}{how} -> {algo}",
             layout.nodes.len(),
             parts.join(", ")
         );
         (algo, reason)
     }
 }
+
+/// How much slower than the quickest single call a rooted call's algorithm may be and still be
+/// chosen for its pace back to back ([`CostModel::choose`]).
+pub const ROOTED_SLACK: f64 = 2.0;
+/// A rooted call leaves the quickest single call's algorithm only for one whose pace back to
+/// back is below this fraction of its own ([`CostModel::choose`]).
+pub const ROOTED_GAIN: f64 = 0.8;
 
 /// Above this many ranks, [`CostModel::price_call`] prices a sample of ranks instead of
 /// simulating the whole call.
@@ -481,6 +567,35 @@ impl RankView<'_> {
 
     fn bytes(&self, x: &Xfer) -> f64 {
         x.region.len as f64 * self.ds
+    }
+
+    /// Seconds a call of back-to-back calls keeps this rank busy: every transfer's latency
+    /// (the per-message work of this rank, whichever way the message goes) plus the busier
+    /// direction's bytes — sends, or receives and their reductions: a link carries both
+    /// directions at once, and the next call's receive overlaps this call's send — with in-node
+    /// steps counted whole.
+    fn pace(&self, steps: &[Step]) -> f64 {
+        let m = self.model;
+        let live = |x: &Option<Xfer>| x.filter(|x| x.region.len > 0);
+        let (mut fixed, mut out, mut inn) = (0.0, 0.0, 0.0);
+        for step in steps {
+            match step {
+                Step::Exchange { send, recv, reduce } => {
+                    if let Some(x) = live(send) {
+                        let l = self.link(x.peer);
+                        fixed += l.alpha;
+                        out += self.bytes(&x) / l.beta;
+                    }
+                    if let Some(x) = live(recv) {
+                        let (l, b) = (self.link(x.peer), self.bytes(&x));
+                        fixed += l.alpha;
+                        inn += b / l.beta + if *reduce { b / m.reduce_bw } else { 0.0 };
+                    }
+                }
+                _ => fixed += self.step(step),
+            }
+        }
+        fixed + f64::max(out, inn)
     }
 
     /// Seconds for one step, ignoring waiting for peers.
@@ -626,10 +741,33 @@ mod tests {
     fn broadcast_choice() {
         let m = CostModel::default_cpu();
         let l = Layout::block(16, 4);
-        // small: a few hops (tree, or the in-node fabric plus one chain per node), never the
-        // flat chain of 15 hops
+        // small: chosen for its pace back to back, but never at more than ROOTED_SLACK x the
+        // quickest single call
         let (algo, why) = m.choose(CollKind::Broadcast, &l, 1, 4, 3);
-        assert!(matches!(algo, Algo::Tree | Algo::TwoLevel), "{why}");
+        let single = |a| m.price_call(CollKind::Broadcast, a, &l, 1, 4, 3).unwrap();
+        let quickest = [Algo::Tree, Algo::Ring, Algo::TwoLevel]
+            .into_iter()
+            .map(single)
+            .fold(f64::INFINITY, f64::min);
+        assert!(single(algo) <= ROOTED_SLACK * quickest, "{why}");
+        assert!(why.contains("back to back"), "{why}");
+        // 64 nodes: the flat chain's 63 network hops are far beyond that bound for a small call
+        let wide = Layout::block(64, 1);
+        let (algo, why) = m.choose(CollKind::Broadcast, &wide, 1, 4, 0);
+        assert_ne!(algo, Algo::Ring, "{why}");
+        // 4 nodes of one rank on 500 Mbit/s rails (the emulated cluster's), 4 KiB: the tree's
+        // single call is quicker, but its root moves two messages' bytes a call where the
+        // chain's moves one: back to back, the chain. At 8 bytes, per-message work rules: the
+        // tree.
+        let mut slow = m.clone();
+        slow.net.beta = 500e6 / 8.0 * 0.956;
+        let four = Layout::block(4, 1);
+        for kind in [CollKind::Broadcast, CollKind::Reduce] {
+            let (algo, why) = slow.choose(kind, &four, 1024, 4, 0);
+            assert_ne!(algo, Algo::Tree, "{why}");
+            let (algo, why) = slow.choose(kind, &four, 2, 4, 0);
+            assert_eq!(algo, Algo::Tree, "{why}");
+        }
         // large: pipelined (every link busy at once), never the tree's whole-message hops
         let (algo, why) = m.choose(CollKind::Broadcast, &l, 16 << 20, 4, 3);
         assert!(matches!(algo, Algo::Ring | Algo::TwoLevel), "{why}");
