@@ -360,16 +360,8 @@ impl CostModel {
                 .collect::<Result<Vec<_>, _>>()?;
             return Ok(self.simulate(&plans, layout, dtype_size));
         }
-        let order: Vec<usize> = layout.nodes.iter().flatten().copied().collect();
-        let mut ranks = vec![order[0], order[1], root.min(n - 1)];
-        for node in &layout.nodes {
-            ranks.extend(node.first());
-            ranks.extend(node.last());
-        }
-        ranks.sort_unstable();
-        ranks.dedup();
         let mut worst: f64 = 0.0;
-        for r in ranks {
+        for r in sampled_ranks(layout, n, root) {
             let plan = build_plan(kind, algo, layout, r, count, root)?;
             worst = worst.max(self.price(&plan, layout, dtype_size));
         }
@@ -395,15 +387,7 @@ impl CostModel {
         let ranks: Vec<usize> = if n <= SIMULATE_MAX_RANKS {
             (0..n).collect()
         } else {
-            let order: Vec<usize> = layout.nodes.iter().flatten().copied().collect();
-            let mut v = vec![order[0], order[1], root.min(n - 1)];
-            for node in &layout.nodes {
-                v.extend(node.first());
-                v.extend(node.last());
-            }
-            v.sort_unstable();
-            v.dedup();
-            v
+            sampled_ranks(layout, n, root)
         };
         let nodes = NodeMap::new(layout);
         let mut worst: f64 = 0.0;
@@ -513,6 +497,20 @@ pub const ROOTED_SLACK: f64 = 2.0;
 /// A rooted call leaves the quickest single call's algorithm only for one whose pace back to
 /// back is below this fraction of its own ([`CostModel::choose`]).
 pub const ROOTED_GAIN: f64 = 0.8;
+
+/// The ranks a large call is priced by: the first two in node-major order, the first and last
+/// of every node, and the root.
+fn sampled_ranks(layout: &Layout, n: usize, root: usize) -> Vec<usize> {
+    let order: Vec<usize> = layout.nodes.iter().flatten().copied().collect();
+    let mut v = vec![order[0], order[1], root.min(n - 1)];
+    for node in &layout.nodes {
+        v.extend(node.first());
+        v.extend(node.last());
+    }
+    v.sort_unstable();
+    v.dedup();
+    v
+}
 
 /// Above this many ranks, [`CostModel::price_call`] prices a sample of ranks instead of
 /// simulating the whole call.
