@@ -18,6 +18,7 @@
 
 use super::{run_with, Backend, Call, Coll, Options};
 use railring::{DataType, Element, Pending, ReduceOp};
+use railring_collectives::{as_bytes, as_bytes_mut};
 use std::any::Any;
 use std::cell::RefCell;
 
@@ -31,22 +32,17 @@ pub const NONBLOCKING_BUDGET: usize = 4 << 20;
 /// nccl-tests': more only grows the queue of pending buffers and results).
 pub const NONBLOCKING_MAX_CALLS: usize = 1024;
 
-/// The (input, output) pairs of out-of-place non-blocking calls, keyed by the addresses of the
-/// input and output buffers they were made for (a `Vec<(Vec<T>, Vec<T>)>`).
-type PairPool = ((usize, usize), Box<dyn Any>);
+/// Owned buffers of the non-blocking mode, keyed by the addresses of the (input, output)
+/// buffers they were made for (input 0: in place).
+type BufferPool = ((usize, usize), Box<dyn Any>);
 
 /// railring as a [`Backend`].
 pub struct Railring {
     pub comm: railring::Communicator,
-    /// The owned buffers of the non-blocking mode: a `Vec<Vec<T>>` made for the output buffer
-    /// at this address (a new output buffer, e.g. the checked run's, gets new ones).
-    pool: RefCell<Option<(usize, Box<dyn Any>)>>,
-    /// The owned (input, output) pairs of out-of-place non-blocking calls: a
-    /// `Vec<(Vec<T>, Vec<T>)>` made for the input and output buffers at these addresses, the
-    /// inputs copied once. Emptied by [`Backend::expect_calls`], which the driver calls before
-    /// each measurement: within one, an input buffer's address names its contents (the timed
-    /// input and the checked run's input are different buffers, alive together).
-    pairs: RefCell<Option<PairPool>>,
+    /// The owned buffers of the non-blocking mode ([`Railring::pooled`]): `Vec<Vec<T>>` for
+    /// in-place calls, `Vec<(Vec<T>, Vec<T>)>` (input, output) for out-of-place `*_into_start`
+    /// calls, with the addresses of the (input, output) buffers they were made for.
+    pool: RefCell<Option<BufferPool>>,
     /// The most calls one batch will make ([`Backend::expect_calls`]): the warm-up makes the
     /// pool that large, so the timed batch allocates nothing.
     expected: std::cell::Cell<usize>,
@@ -57,7 +53,6 @@ impl Railring {
         Railring {
             comm,
             pool: RefCell::new(None),
-            pairs: RefCell::new(None),
             expected: std::cell::Cell::new(0),
         }
     }
@@ -67,9 +62,70 @@ impl Railring {
         (NONBLOCKING_BUDGET / bytes.max(1)).clamp(1, iters.clamp(1, NONBLOCKING_MAX_CALLS))
     }
 
-    /// `iters` calls through the `*_start` API on owned `Vec<T>` buffers: start up to
-    /// [`Railring::window`] of them, then wait for the oldest before starting the next, and
-    /// wait for all at the end.
+    /// The pooled owned buffers of type `P` for the buffers at `key` (made by `make` unless the
+    /// pool has fitting ones: `fits`). Emptied by [`Backend::expect_calls`] before each
+    /// measurement: within one, a buffer's address names its contents (the timed buffers and
+    /// the checked run's are different buffers, alive together).
+    fn pooled<P: 'static>(
+        &self,
+        key: (usize, usize),
+        fits: impl Fn(&P) -> bool,
+        make: impl FnOnce() -> P,
+    ) -> Result<std::cell::RefMut<'_, P>, String> {
+        let mut slot = self.pool.borrow_mut();
+        let ok = slot
+            .as_ref()
+            .filter(|(k, _)| *k == key)
+            .and_then(|(_, b)| b.downcast_ref::<P>())
+            .is_some_and(fits);
+        if !ok {
+            *slot = Some((key, Box::new(make())));
+        }
+        std::cell::RefMut::filter_map(slot, |s| {
+            s.as_mut().and_then(|(_, b)| b.downcast_mut::<P>())
+        })
+        .map_err(|_| "non-blocking buffer pool".to_string())
+    }
+
+    /// `iters` calls started by `start` on owned buffers taken from `free`: up to the pool's
+    /// size of them in flight; when none is free, wait for the older half, the newest of them
+    /// first (calls end in order, so the rest are done by then): this thread sleeps once per
+    /// half window instead of once per call, and leaves the CPU to the calls meanwhile. At the
+    /// end the last call is waited for first (one wake-up per batch) and its buffer returned;
+    /// every other buffer goes back to `free`.
+    fn windowed<B>(
+        iters: usize,
+        free: &mut Vec<B>,
+        mut start: impl FnMut(B) -> Result<Pending<B>, String>,
+    ) -> Result<Option<B>, String> {
+        let e = |e: railring::Error| e.to_string();
+        let mut inflight: std::collections::VecDeque<Pending<B>> = Default::default();
+        for _ in 0..iters {
+            if free.is_empty() {
+                let k = inflight.len().div_ceil(2);
+                let mut older: Vec<Pending<B>> = inflight.drain(..k).collect();
+                let newest = older.pop().ok_or("no call in flight")?;
+                free.push(newest.wait().map_err(e)?);
+                for p in older {
+                    free.push(p.wait().map_err(e)?);
+                }
+            }
+            let b = free.pop().ok_or("no buffer")?;
+            inflight.push_back(start(b)?);
+        }
+        let mut inflight: Vec<Pending<B>> = inflight.into();
+        let last = match inflight.pop() {
+            Some(p) => Some(p.wait().map_err(e)?),
+            None => None,
+        };
+        for p in inflight {
+            free.push(p.wait().map_err(e)?);
+        }
+        Ok(last)
+    }
+
+    /// `iters` calls through the `*_start` API on owned `Vec<T>` buffers ([`Self::windowed`],
+    /// at most [`Railring::window`] in flight).
     fn start_all<T: Element>(
         &self,
         iters: usize,
@@ -80,55 +136,19 @@ impl Railring {
         let n = out.len() / std::mem::size_of::<T>();
         let window = Railring::window(iters, out.len());
         let pool_len = Railring::window(iters.max(self.expected.get()), out.len());
-        let mut slot = self.pool.borrow_mut();
-        let key = out.as_ptr() as usize;
-        let fits = slot
-            .as_ref()
-            .filter(|(k, _)| *k == key)
-            .and_then(|(_, b)| b.downcast_ref::<Vec<Vec<T>>>())
-            .is_some_and(|p| p.len() >= window && p.first().is_none_or(|v| v.len() == n));
-        let fill = |buf: &mut Vec<T>, src: &[u8]| {
-            let k = src.len().min(buf.len() * std::mem::size_of::<T>());
-            // SAFETY: T is plain old data (Element); k bytes fit in both.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), buf.as_mut_ptr() as *mut u8, k) };
-        };
-        if !fits {
+        let mut pool = self.pooled(
+            (0, out.as_ptr() as usize),
+            |p: &Vec<Vec<T>>| p.len() >= window && p.first().is_none_or(|v| v.len() == n),
             // In place, every buffer starts as the prepared data (later calls reuse results).
-            let mut bufs = vec![vec![T::default(); n]; pool_len];
-            for b in &mut bufs {
-                fill(b, &*out);
-            }
-            *slot = Some((key, Box::new(bufs)));
-        }
-        let pool = slot
-            .as_mut()
-            .and_then(|(_, b)| b.downcast_mut::<Vec<Vec<T>>>())
-            .ok_or("non-blocking buffer pool")?;
-        let mut inflight: std::collections::VecDeque<Pending<Vec<T>>> = Default::default();
-        let mut free: Vec<Vec<T>> = std::mem::take(pool);
-        let e = |e: railring::Error| e.to_string();
-        for _ in 0..iters {
-            if free.is_empty() {
-                // Window full: wait for the older half, the newest of them first (calls end in
-                // order, so the rest are done by then): this thread sleeps once per half window
-                // instead of once per call, and leaves the CPU to the calls meanwhile.
-                let k = inflight.len().div_ceil(2);
-                let mut older: Vec<Pending<Vec<T>>> = inflight.drain(..k).collect();
-                let newest = older.pop().ok_or("no call in flight")?;
-                free.push(newest.wait().map_err(e)?);
-                for p in older {
-                    free.push(p.wait().map_err(e)?);
-                }
-            }
-            let mut buf = free.pop().ok_or("no buffer")?;
-            if buf.len() != n {
-                buf = vec![T::default(); n];
-            }
+            || (0..pool_len).map(|_| owned::<T>(out, n)).collect(),
+        )?;
+        let mut free: Vec<Vec<T>> = std::mem::take(&mut *pool);
+        let Call { op, root, .. } = *call;
+        let last = Self::windowed(iters, &mut free, |mut buf| {
             if let Some(i) = input {
                 fill(&mut buf, i);
             }
-            let Call { op, root, .. } = *call;
-            let p = match call.coll {
+            Ok(match call.coll {
                 Coll::AllReduce => self.comm.all_reduce_start(buf, op),
                 Coll::ReduceScatter => self.comm.reduce_scatter_start(buf, op),
                 Coll::AllGather => self.comm.all_gather_start(buf),
@@ -136,33 +156,18 @@ impl Railring {
                 Coll::Reduce => self.comm.reduce_start(buf, op, root),
                 Coll::AllToAll => self.comm.all_to_all_start(buf),
                 Coll::SendRecv => return Err("sendrecv has no non-blocking call".into()),
-            };
-            inflight.push_back(p);
-        }
-        // Calls complete in order: wait for the last one first, so this thread wakes once
-        // per batch instead of once per call (each wake-up would take a CPU from the calls).
-        let mut inflight: Vec<Pending<Vec<T>>> = inflight.into();
-        let last = match inflight.pop() {
-            Some(p) => Some(p.wait().map_err(e)?),
-            None => None,
-        };
-        for p in inflight {
-            free.push(p.wait().map_err(e)?);
-        }
+            })
+        })?;
         // The last call's result is the output (one copy per batch of calls), so a checked
         // run of this mode is checked like a blocking one.
         if let Some(b) = last {
-            let k = out.len().min(b.len() * std::mem::size_of::<T>());
-            // SAFETY: T is plain old data; k bytes fit in both.
-            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr() as *const u8, out.as_mut_ptr(), k) };
+            copy_out(out, &b);
             free.push(b);
         }
         *pool = free;
         Ok(())
     }
-}
 
-impl Railring {
     /// [`Railring::start_all`] for an out-of-place call that has a non-blocking out-of-place
     /// form (`*_into_start`: all-reduce, all-gather, reduce, all-to-all): each call reads an
     /// owned copy of `input` where it is, as the blocking call reads `input`, instead of first
@@ -180,70 +185,31 @@ impl Railring {
         let per_call = input.len() + out.len();
         let window = Railring::window(iters, per_call);
         let pool_len = Railring::window(iters.max(self.expected.get()), per_call);
-        let mut slot = self.pairs.borrow_mut();
-        let key = (input.as_ptr() as usize, out.as_ptr() as usize);
-        let owned = |src: &[u8], n: usize| {
-            let mut v = vec![T::default(); n];
-            let k = src.len().min(n * size_t);
-            // SAFETY: T is plain old data (Element); k bytes fit in both.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), v.as_mut_ptr() as *mut u8, k) };
-            v
-        };
-        let fits = slot
-            .as_ref()
-            .filter(|(k, _)| *k == key)
-            .and_then(|(_, b)| b.downcast_ref::<Vec<(Vec<T>, Vec<T>)>>())
-            .is_some_and(|p| {
+        let mut pool = self.pooled(
+            (input.as_ptr() as usize, out.as_ptr() as usize),
+            |p: &Vec<(Vec<T>, Vec<T>)>| {
                 p.len() >= window && p.iter().all(|(i, o)| i.len() == ni && o.len() == no)
-            });
-        if !fits {
-            let pairs: Vec<(Vec<T>, Vec<T>)> = (0..pool_len)
-                .map(|_| (owned(input, ni), owned(&*out, no)))
-                .collect();
-            *slot = Some((key, Box::new(pairs)));
-        }
-        let pool = slot
-            .as_mut()
-            .and_then(|(_, b)| b.downcast_mut::<Vec<(Vec<T>, Vec<T>)>>())
-            .ok_or("non-blocking buffer pool")?;
-        let e = |e: railring::Error| e.to_string();
-        let mut inflight: std::collections::VecDeque<Pending<(Vec<T>, Vec<T>)>> =
-            Default::default();
-        let mut free: Vec<(Vec<T>, Vec<T>)> = std::mem::take(pool);
-        for _ in 0..iters {
-            if free.is_empty() {
-                // window full: wait for the older half, newest first (see start_all)
-                let k = inflight.len().div_ceil(2);
-                let mut older: Vec<_> = inflight.drain(..k).collect();
-                let newest = older.pop().ok_or("no call in flight")?;
-                free.push(newest.wait().map_err(e)?);
-                for p in older {
-                    free.push(p.wait().map_err(e)?);
-                }
-            }
-            let (i, o) = free.pop().ok_or("no buffer")?;
-            let Call { op, root, .. } = *call;
-            let p = match call.coll {
+            },
+            || {
+                (0..pool_len)
+                    .map(|_| (owned::<T>(input, ni), owned::<T>(out, no)))
+                    .collect()
+            },
+        )?;
+        let mut free: Vec<(Vec<T>, Vec<T>)> = std::mem::take(&mut *pool);
+        let Call { op, root, .. } = *call;
+        let last = Self::windowed(iters, &mut free, |(i, o)| {
+            Ok(match call.coll {
                 Coll::AllReduce => self.comm.all_reduce_into_start(i, o, op),
                 Coll::AllGather => self.comm.all_gather_into_start(i, o),
                 Coll::Reduce => self.comm.reduce_into_start(i, o, op, root),
                 Coll::AllToAll => self.comm.all_to_all_into_start(i, o),
                 c => return Err(format!("{c:?} has no out-of-place non-blocking call")),
-            };
-            inflight.push_back(p);
-        }
+            })
+        })?;
         // the last call's output is the result (see start_all)
-        let mut inflight: Vec<_> = inflight.into();
-        let last = match inflight.pop() {
-            Some(p) => Some(p.wait().map_err(e)?),
-            None => None,
-        };
-        for p in inflight {
-            free.push(p.wait().map_err(e)?);
-        }
         if let Some((i, o)) = last {
-            let k = out.len().min(o.len() * size_t);
-            out[..k].copy_from_slice(&as_u8(&o)[..k]);
+            copy_out(out, &o);
             free.push((i, o));
         }
         *pool = free;
@@ -251,10 +217,25 @@ impl Railring {
     }
 }
 
-/// The bytes of a slice of plain-old-data elements.
-fn as_u8<T: Element>(v: &[T]) -> &[u8] {
-    // SAFETY: T is plain old data (Element): every byte is initialised and may be read as u8.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+/// `n` elements holding the first bytes of `src` (zeros past its end).
+fn owned<T: Element>(src: &[u8], n: usize) -> Vec<T> {
+    let mut v = vec![T::default(); n];
+    fill(&mut v, src);
+    v
+}
+
+/// Copy as much of `src` as fits into `buf`'s bytes.
+fn fill<T: Element>(buf: &mut [T], src: &[u8]) {
+    let b = as_bytes_mut(buf);
+    let k = src.len().min(b.len());
+    b[..k].copy_from_slice(&src[..k]);
+}
+
+/// Copy as much of `buf`'s bytes as fits into `out`.
+fn copy_out<T: Element>(out: &mut [u8], buf: &[T]) {
+    let b = as_bytes(buf);
+    let k = out.len().min(b.len());
+    out[..k].copy_from_slice(&b[..k]);
 }
 
 /// `$body` with the element type `$t` of `$dtype`.
@@ -429,7 +410,7 @@ impl Backend for Railring {
     }
     fn expect_calls(&self, iters: usize) {
         self.expected.set(iters);
-        self.pairs.borrow_mut().take();
+        self.pool.borrow_mut().take();
     }
     fn calls_label(&self, coll: Coll) -> String {
         if coll == Coll::SendRecv {
