@@ -437,10 +437,12 @@ impl CostModel {
         let root = if root < n { root } else { 0 };
         let mut best: Option<(Algo, f64)> = None;
         let mut parts = Vec::new();
+        let mut priced: Vec<(Algo, f64)> = Vec::new();
         for &algo in cands {
             match self.price_call(kind, algo, layout, count, dtype_size, root) {
                 Ok(t) => {
                     parts.push(format!("{algo} {}", fmt_time(t)));
+                    priced.push((algo, t));
                     if best.is_none() || best.is_some_and(|(_, b)| t < b) {
                         best = Some((algo, t));
                     }
@@ -454,10 +456,7 @@ impl CostModel {
             let mut paced: Option<(Algo, f64)> = None;
             let mut own: Option<f64> = None;
             let mut paces = Vec::new();
-            for &a in cands {
-                let Ok(t) = self.price_call(kind, a, layout, count, dtype_size, root) else {
-                    continue;
-                };
+            for &(a, t) in &priced {
                 if t > ROOTED_SLACK * quickest {
                     continue;
                 }
