@@ -163,10 +163,10 @@ fn every_collective_four_ranks_through_railrun() {
     }
 }
 
-/// The in-node fabric's two paths for large all-to-all, all-gather and broadcast — peers' buffers
-/// read directly (`process_vm_readv`) and the copy through the staging slots — each checked
-/// element by element, with what every rank logs proving which path ran; ranks started with
-/// different settings agree on the staged one.
+/// The in-node fabric's two paths for large all-to-all — peers' buffers read directly
+/// (`process_vm_readv`) and the copy through the staging slots — each checked element by
+/// element, with what every rank logs proving which path ran; ranks started with different
+/// settings agree on the staged one.
 #[test]
 fn in_node_single_copy_and_staged_paths_are_both_exact() {
     let prog = bin("rr-collcheck");
