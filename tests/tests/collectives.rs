@@ -163,18 +163,21 @@ fn every_collective_four_ranks_through_railrun() {
     }
 }
 
-/// The in-node fabric's two paths for large all-to-all — peers' buffers read directly
-/// (`process_vm_readv`) and the copy through the staging slots — each checked element by
-/// element, with what every rank logs proving which path ran; ranks started with different
+/// The in-node fabric's two paths for large all-to-all and all-gather — peers' buffers read
+/// directly (`process_vm_readv`) and the copy through the staging slots — each checked element
+/// by element, with what every rank logs proving which path ran; ranks started with different
 /// settings agree on the staged one.
 #[test]
 fn in_node_single_copy_and_staged_paths_are_both_exact() {
     let prog = bin("rr-collcheck");
+    // (two ranks: the all-gather's 64 KiB blocks read directly too)
     let cases = [
-        ("auto", format!("exec {prog} all"), "on"),
-        ("off", format!("exec {prog} all"), "off (RAILRING_SHM_SINGLE_COPY=off)"),
+        (2, "auto", format!("exec {prog} all"), "on"),
+        (4, "auto", format!("exec {prog} all"), "on"),
+        (4, "off", format!("exec {prog} all"), "off (RAILRING_SHM_SINGLE_COPY=off)"),
         // rank 0 alone says off: everyone stages
         (
+            4,
             "auto",
             format!(
                 "if [ \"$RAILRING_RANK\" = 0 ]; then export RAILRING_SHM_SINGLE_COPY=off; fi; exec {prog} all"
@@ -182,9 +185,9 @@ fn in_node_single_copy_and_staged_paths_are_both_exact() {
             "off (a peer cannot read its peers' memory, or was told not to)",
         ),
     ];
-    for (setting, script, want) in cases {
+    for (np, setting, script, want) in cases {
         let out = Command::new(railrun())
-            .args(["-np", "4", "sh", "-c", &script])
+            .args(["-np", &np.to_string(), "sh", "-c", &script])
             .env("RAILRING_SHM_SINGLE_COPY", setting)
             .env("RAILRING_DEBUG", "INFO")
             .env("RAILRING_DEBUG_SUBSYS", "init")
@@ -193,8 +196,8 @@ fn in_node_single_copy_and_staged_paths_are_both_exact() {
         let so = String::from_utf8_lossy(&out.stdout);
         let se = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{setting} {script}: {so}\n{se}");
-        for r in 0..4 {
-            assert!(so.contains(&format!("OK rank {r} of 4")), "{so}");
+        for r in 0..np {
+            assert!(so.contains(&format!("OK rank {r} of {np}")), "{so}");
             // the world communicator's line (split communicators log their own after it)
             let line = se
                 .lines()

@@ -19,13 +19,19 @@ const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// per pair cost more than the second copy through a staging slot (4 ranks on 2 cores, railperf
 /// with `RAILRING_SHM_SINGLE_COPY` on and off: 16 KiB blocks 24-38 µs in place against 14).
 pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
-// All-gather and broadcast always stage: their readers all read the same blocks, which a slot
-// serves from the last-level cache, where single-copy readers each walk the owner's pages
-// (`process_vm_readv`). Measured with railperf -z 1, `RAILRING_SHM_SINGLE_COPY` auto against
-// off, all-gather out of place / in place: 4 ranks 256 KiB 84-99 / 72-107 µs against 46-60 /
-// 31-48, 16 MiB 7.4-8.3 / 6.5-7.5 ms against 4.4-4.5 / 3.6-3.7; 3 ranks 12 MiB 4.1-4.6 /
-// 3.2-3.6 against 2.6-2.8 / 2.3; 2 ranks 2 MiB 136-147 / 113-118 µs against 104-105 / 70-72,
-// 128-256 KiB even. (Broadcast, 4 MiB on 4 ranks in place: 583 µs staged against 1148.)
+/// All-gather reads peers' blocks directly only on two ranks, with blocks of at least this many
+/// bytes and under [`SINGLE_COPY_ALLGATHER_MAX`]. Otherwise it stages, as broadcast always does:
+/// the readers all read the same blocks, which a slot serves from the last-level cache, where
+/// single-copy readers each walk the owner's pages (`process_vm_readv`). Measured with railperf
+/// -z 1, `RAILRING_SHM_SINGLE_COPY` auto against off, all-gather out of place / in place: 4
+/// ranks 256 KiB 84-99 / 72-107 µs against 46-60 / 31-48, 16 MiB 7.4-8.3 / 6.5-7.5 ms against
+/// 4.4-4.5 / 3.6-3.7; 3 ranks 192 KiB 67-75 / 62-79 µs against 36-56 / 27-49, 12 MiB 4.1-4.6 /
+/// 3.2-3.6 ms against 2.6-2.8 / 2.3; 2 ranks 128 KiB 9-12 / 8-11 µs against 9-17 / 6-15, 512
+/// KiB 31-37 / 29-33 against 26-30 / 20-25, 2 MiB 136-147 / 113-118 against 104-105 / 70-72.
+/// (Broadcast, 4 MiB on 4 ranks in place: 583 µs staged against 1148.)
+pub const SINGLE_COPY_ALLGATHER_MIN: usize = 64 << 10;
+/// See [`SINGLE_COPY_ALLGATHER_MIN`].
+pub const SINGLE_COPY_ALLGATHER_MAX: usize = 256 << 10;
 /// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
 /// returns, every other rank copies from it.
 const SMALL_BROADCAST: usize = 32 << 10;
@@ -247,6 +253,10 @@ impl ShmFabric {
         let single = self.node.single_copy()
             && match mode {
                 NodeMode::AllToAll => largest >= SINGLE_COPY_ALLTOALL_MIN,
+                NodeMode::AllGather => {
+                    l == 2
+                        && (SINGLE_COPY_ALLGATHER_MIN..SINGLE_COPY_ALLGATHER_MAX).contains(&largest)
+                }
                 _ => false,
             };
         let small = fits
@@ -409,14 +419,17 @@ impl ShmFabric {
         Ok(())
     }
 
-    /// All-to-all in one generation, each block copied once: every rank publishes where its
-    /// input is (in its slot's header line, beside the generation), then reads what it needs
-    /// straight from the peers' buffers (`process_vm_readv`), pairwise
-    /// ([`Self::pairwise_all_to_all`], which also works in place). The node agreed beforehand
-    /// that every rank can read every other ([`Node::single_copy`]), and the choice depends only
-    /// on the call's shape, so all local ranks take this path together.
+    /// All-to-all or all-gather in one generation, each block copied once: every rank
+    /// publishes where its input is (in its slot's header line, beside the generation), then
+    /// reads what it needs straight from the peers' buffers (`process_vm_readv`). The node
+    /// agreed beforehand that every rank can read every other ([`Node::single_copy`]), and the
+    /// choice depends only on the call's shape, so all local ranks take this path together.
+    /// All-gather: each rank then says it is done and returns once every peer is, since they
+    /// read its buffer. All-to-all goes pairwise ([`Self::pairwise_all_to_all`]), which also
+    /// works in place.
     unsafe fn single_copy(&mut self, call: &NodeOp<'_>) -> Result<()> {
         let &NodeOp {
+            mode,
             work,
             slices,
             desc,
@@ -424,6 +437,7 @@ impl ShmFabric {
             ..
         } = call;
         let input = call.input();
+        let l = self.local_size();
         let me = self.node.me;
         self.gen += 1;
         let g = self.gen;
@@ -444,7 +458,23 @@ impl ShmFabric {
             self.node.ready(j)
         })?;
         self.check_descs(g, desc, describe)?;
-        self.pairwise_all_to_all(g, work, slices, std::ptr::eq(input, work))
+        if mode == NodeMode::AllToAll {
+            return self.pairwise_all_to_all(g, work, slices, std::ptr::eq(input, work));
+        }
+        // all-gather: each rank starts with its next neighbour, so no buffer is read by every
+        // rank at once
+        for j in (1..l).map(|k| (me + k) % l) {
+            let (o, n) = slices[j];
+            self.read_peer(j, g, work.add(o), o, n)?;
+        }
+        self.node.reduced(me).store(g, Ordering::SeqCst);
+        self.node.ring_bell();
+        self.wait_all(
+            "all-gather (waiting for peers to read this rank's block)",
+            g,
+            |j| self.node.reduced(j),
+        )?;
+        Ok(())
     }
 
     /// Copy `n` bytes at offset `off` of local rank `j`'s buffer (its address published in its

@@ -7,7 +7,7 @@
 //! and a 4 KiB small-data box); per rank three staging slots; one single-producer ring per
 //! ordered pair of local ranks for point-to-point [`ShmLink`]s.
 //!
-//! Large all-to-all calls may skip the slots: when every local rank agreed it
+//! Large all-to-all calls (and two ranks' mid-sized all-gathers) may skip the slots: when every local rank agreed it
 //! can read every other's memory ([`Node::can_read`], [`Node::single_copy`]), they read each
 //! other's buffers directly ([`Node::peer_read`], `process_vm_readv`).
 //!
