@@ -191,7 +191,7 @@ impl PyComm {
     ) -> PyResult<Bound<'py, PyAny>> {
         const C: &str = "reduce_scatter";
         let op = op_of(op)?;
-        let (n, r) = (self.comm.size(), self.comm.rank());
+        let n = self.comm.size();
         let i = array(input, C, "input", false)?;
         if !i.mem.count().is_multiple_of(n) {
             return Err(invalid(format!(
@@ -209,14 +209,15 @@ impl PyComm {
         same_type(C, &i.mem, &o.mem)?;
         count_is(C, "output", &o.mem, k, "one block of 'input'")?;
         let (im, om) = (i.mem, o.mem);
-        // SAFETY: as in all_reduce_into. The runtime reduce-scatters in place, so the input is
-        // copied into a scratch buffer (as the Rust API's out-of-place form does).
+        // SAFETY: as in all_reduce_into. The runtime reduce-scatters a copy of the input it
+        // keeps between calls (as the Rust API's out-of-place form does).
         self.run(input.py(), |c| {
-            let mut work = unsafe { im.bytes() }.to_vec();
-            c.reduce_scatter_raw(&mut work, im.dtype, op)?;
-            let b = om.len;
-            unsafe { om.bytes_mut() }.copy_from_slice(&work[r * b..(r + 1) * b]);
-            Ok(())
+            c.reduce_scatter_into_raw(
+                unsafe { im.bytes() },
+                unsafe { om.bytes_mut() },
+                im.dtype,
+                op,
+            )
         })?;
         Ok(o.obj)
     }

@@ -96,8 +96,9 @@ pub(crate) struct Inner {
     plans: HashMap<(CollKind, Algo, usize, usize), Arc<Plan>>,
     choices: HashMap<(CollKind, usize, usize, usize), (Algo, String)>,
     pub(super) staging: Vec<u64>,
-    /// The copy of the buffer an in-place all-to-all sends from (kept between calls up to
-    /// [`INPLACE_KEEP`] bytes).
+    /// Scratch kept between calls up to [`INPLACE_KEEP`] bytes: the copy an in-place all-to-all
+    /// sends from, the input copy an out-of-place reduce-scatter reduces in place, a non-root's
+    /// reduce result.
     inplace_copy: Vec<u8>,
     pub(super) poisoned: Option<String>,
     pub(super) split_seq: u64,
@@ -603,6 +604,38 @@ impl Inner {
             );
         }
         Ok(())
+    }
+
+    /// Out-of-place reduce-scatter: `input` holds `size` blocks, `out` one; this rank's block of
+    /// the reduction goes to `out`. The reduce-scatter runs in place on a copy of `input` kept
+    /// by the communicator (up to [`INPLACE_KEEP`] bytes), not on one made per call.
+    pub(super) fn reduce_scatter_into(
+        &mut self,
+        input: &[u8],
+        out: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if out.len() * self.size != input.len() {
+            return Err(Error::Invalid(format!(
+                "reduce_scatter: input of {} bytes for {} ranks' blocks of {}",
+                input.len(),
+                self.size,
+                out.len()
+            )));
+        }
+        let mut work = std::mem::take(&mut self.inplace_copy);
+        work.clear();
+        work.extend_from_slice(input);
+        let r = self.reduce_scatter(&mut work, dtype, op);
+        if r.is_ok() {
+            let b = out.len();
+            out.copy_from_slice(&work[self.rank * b..(self.rank + 1) * b]);
+        }
+        if work.capacity() <= INPLACE_KEEP {
+            self.inplace_copy = work;
+        }
+        r
     }
 
     pub(super) fn all_gather(&mut self, buf: &mut [u8], dtype: DataType) -> Result<()> {

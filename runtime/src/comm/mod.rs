@@ -222,11 +222,9 @@ impl Communicator {
                 output.len()
             )));
         }
-        let mut work = input.to_vec();
-        self.reduce_scatter_in_place(&mut work, op)?;
-        let r = self.rank();
-        output.copy_from_slice(&work[r * output.len()..(r + 1) * output.len()]);
-        Ok(())
+        self.blocking(|g| {
+            g.reduce_scatter_into(as_bytes(input), as_bytes_mut(output), T::DTYPE, op)
+        })
     }
 
     /// In-place reduce-scatter: `buf` holds `size` blocks; afterwards this rank's block holds the

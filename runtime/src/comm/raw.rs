@@ -37,12 +37,24 @@ impl Communicator {
         }
         self.blocking(|g| g.all_reduce_from(output, Some(input), dtype, op))
     }
+    /// [`Communicator::reduce_scatter`] on bytes: `input` holds `size` blocks, `output` (one
+    /// block) receives this rank's block of the reduction.
+    pub fn reduce_scatter_into_raw(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        Self::check_len(input, dtype)?;
+        Self::check_len(output, dtype)?;
+        self.blocking(|g| g.reduce_scatter_into(input, output, dtype, op))
+    }
     /// In place: `buf` holds `size` blocks; this rank's block receives the reduction.
     pub fn reduce_scatter_raw(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
         Self::check_len(buf, dtype)?;
         self.blocking(|g| g.reduce_scatter(buf, dtype, op))
     }
-    /// In place: this rank's block of `buf` is its contribution.
     /// [`Communicator::all_gather`] on bytes: `input` is this rank's block, `output` receives
     /// every rank's block in rank order.
     pub fn all_gather_into_raw(
@@ -54,6 +66,7 @@ impl Communicator {
         Self::check_len(input, dtype)?;
         self.blocking(|g| g.all_gather_into(input, output, dtype))
     }
+    /// In place: this rank's block of `buf` is its contribution.
     pub fn all_gather_raw(&self, buf: &mut [u8], dtype: DataType) -> Result<()> {
         Self::check_len(buf, dtype)?;
         self.blocking(|g| g.all_gather(buf, dtype))
