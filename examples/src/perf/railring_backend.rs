@@ -326,14 +326,10 @@ impl Backend for Railring {
                 Some(i) => self.comm.all_gather_into_raw(i, out, dtype).map_err(e),
                 None => self.comm.all_gather_raw(out, dtype).map_err(e),
             },
-            Coll::Broadcast => {
-                if let Some(i) = input {
-                    if me == root {
-                        out.copy_from_slice(i);
-                    }
-                }
-                self.comm.broadcast_raw(out, dtype, root).map_err(e)
-            }
+            Coll::Broadcast => match input {
+                Some(i) => self.comm.broadcast_into_raw(i, out, dtype, root).map_err(e),
+                None => self.comm.broadcast_raw(out, dtype, root).map_err(e),
+            },
             Coll::Reduce => match input {
                 Some(i) => self
                     .comm

@@ -687,12 +687,32 @@ impl Inner {
     }
 
     pub(super) fn broadcast(&mut self, buf: &mut [u8], dtype: DataType, root: usize) -> Result<()> {
+        self.broadcast_from(buf, None, dtype, root)
+    }
+
+    /// Broadcast of the root's `src` (out of place; `None`: of `buf`) into every rank's `buf`;
+    /// only the root's `src` is read. On one node the fabric stages the root's chunks from `src`
+    /// and the root copies each staged (cached) chunk to its `buf` while the peers do.
+    pub(super) fn broadcast_from(
+        &mut self,
+        buf: &mut [u8],
+        src: Option<&[u8]>,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
         self.check_root(root)?;
+        if src.is_some_and(|s| s.len() != buf.len()) {
+            return Err(Error::Invalid(
+                "broadcast: input and output lengths differ".into(),
+            ));
+        }
+        let src = src.filter(|_| self.rank == root);
         let count = buf.len() / dtype.size();
-        self.exec(
+        self.exec_from(
             Shape::new(CollKind::Broadcast, dtype, ReduceOp::Sum, count, root),
             buf,
             &[],
+            src,
         )
     }
 

@@ -290,6 +290,26 @@ impl Communicator {
         self.blocking(|g| g.broadcast(as_bytes_mut(buf), T::DTYPE, root))
     }
 
+    /// Out-of-place broadcast: every rank's `output` receives `root`'s `input` (read only on
+    /// the root; the same length as `output` on every rank).
+    pub fn broadcast_into<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        if input.len() != output.len() {
+            return Err(Error::Invalid(format!(
+                "broadcast_into: input has {} elements, output {}",
+                input.len(),
+                output.len()
+            )));
+        }
+        self.blocking(|g| {
+            g.broadcast_from(as_bytes_mut(output), Some(as_bytes(input)), T::DTYPE, root)
+        })
+    }
+
     pub fn broadcast_start<T: Element>(&self, mut buf: Vec<T>, root: usize) -> Pending<Vec<T>> {
         self.submit(move |g| {
             g.broadcast(as_bytes_mut(&mut buf), T::DTYPE, root)

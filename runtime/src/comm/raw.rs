@@ -76,6 +76,18 @@ impl Communicator {
         self.blocking(|g| g.broadcast(buf, dtype, root))
     }
     /// [`Communicator::reduce`] on bytes: `input` reduced into the root's `output`.
+    /// Out of place: every rank's `output` receives the root's `input` (read only on the root;
+    /// the same length as `output` everywhere).
+    pub fn broadcast_into_raw(
+        &self,
+        input: &[u8],
+        output: &mut [u8],
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        Self::check_len(output, dtype)?;
+        self.blocking(|g| g.broadcast_from(output, Some(input), dtype, root))
+    }
     pub fn reduce_into_raw(
         &self,
         input: &[u8],

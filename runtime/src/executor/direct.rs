@@ -17,8 +17,9 @@ pub struct DirectNode {
     mode: NodeMode,
     /// `(byte offset, bytes)` of `work`, one per local rank.
     slices: Vec<(usize, usize)>,
-    /// The fabric reads an out-of-place input directly (the fused all-reduce); otherwise it is
-    /// copied over `work` first, as the executor does for a plan that does not start with one.
+    /// The fabric reads an out-of-place input directly (the fused all-reduce, the broadcast's
+    /// root); otherwise it is copied over `work` first, as the executor does for a plan that
+    /// does not start with one.
     src_direct: bool,
     /// The largest byte offset the slices reach (checked against each call's buffer).
     end: usize,
@@ -58,7 +59,7 @@ impl DirectNode {
                 group,
                 NodeMode::Broadcast { root: *root },
                 std::slice::from_ref(region),
-                false,
+                true,
             ),
             _ => return None,
         };
@@ -164,7 +165,8 @@ mod tests {
         let d = DirectNode::of(&b, CollKind::Broadcast, 2, 8, 3, &[0, 1, 2]).unwrap();
         assert_eq!(d.mode, NodeMode::Broadcast { root: 2 });
         assert_eq!(d.slices, vec![(0, 40)]);
-        assert!(!d.src_direct);
+        // the root's out-of-place input is staged by the fabric itself (no copy over work first)
+        assert!(d.src_direct);
         // a group of one, an all-gather alone, a plan with a copy: not direct
         let one = plan(vec![Step::NodeBroadcast {
             group: vec![0],

@@ -142,6 +142,18 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
             check(&format!("broadcast {ty} {count} root {root}"), &b, |i| {
                 Some(T::from_i64(val(root, i, op)))
             });
+            // out of place: only the root's input is read; every output (the root's too) is
+            // written over what it held
+            let inp: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
+            let mut out: Vec<T> = (0..count)
+                .map(|i| T::from_i64(val(me + 1, i, op)))
+                .collect();
+            c.broadcast_into(&inp, &mut out, root).unwrap();
+            check(
+                &format!("broadcast_into {ty} {count} root {root}"),
+                &out,
+                |i| Some(T::from_i64(val(root, i, op))),
+            );
         }
         // all-to-all: block j of rank r holds val(r, j*count + t)
         let a2a_in: Vec<T> = (0..count * n)
@@ -229,6 +241,17 @@ fn main() {
                 70_001,
             ];
             suite::<f32>(&c, &sizes);
+            // a broadcast of several staging slots' worth, out of place
+            {
+                let count = 600_000usize;
+                let root = n - 1;
+                let inp: Vec<f32> = (0..count).map(|i| (i % 1000 + me) as f32).collect();
+                let mut out = vec![-1.0f32; count];
+                c.broadcast_into(&inp, &mut out, root).unwrap();
+                check("broadcast_into 600000 floats", &out, |i| {
+                    Some((i % 1000 + root) as f32)
+                });
+            }
             suite::<i32>(&c, &[0, 1, 7, 1000]);
             suite::<f16>(&c, &[1, 7, 1000]);
             suite::<bf16>(&c, &[1, 7, 1000]);

@@ -360,6 +360,14 @@ impl ShmFabric {
             }
             self.node.ready(me).store(g, Ordering::SeqCst);
             self.node.ring_bell();
+            if let NodeMode::Broadcast { root } = mode {
+                // out of place, the root's own result: the chunk it just staged (cached), copied
+                // while the peers copy it out
+                if me == root && !std::ptr::eq(src, work) {
+                    let (o, n) = piece(0);
+                    std::ptr::copy_nonoverlapping(mine, work.add(o), n);
+                }
+            }
             self.wait_all("collective (waiting for peers' data)", g, |j| {
                 self.node.ready(j)
             })?;
