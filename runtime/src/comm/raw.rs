@@ -75,9 +75,8 @@ impl Communicator {
         Self::check_len(buf, dtype)?;
         self.blocking(|g| g.broadcast(buf, dtype, root))
     }
-    /// [`Communicator::reduce`] on bytes: `input` reduced into the root's `output`.
-    /// Out of place: every rank's `output` receives the root's `input` (read only on the root;
-    /// the same length as `output` everywhere).
+    /// [`Communicator::broadcast_into`] on bytes: every rank's `output` receives the root's
+    /// `input` (read only on the root; the same length as `output` everywhere).
     pub fn broadcast_into_raw(
         &self,
         input: &[u8],
@@ -88,6 +87,7 @@ impl Communicator {
         Self::check_len(output, dtype)?;
         self.blocking(|g| g.broadcast_from(output, Some(input), dtype, root))
     }
+    /// [`Communicator::reduce`] on bytes: `input` reduced into the root's `output`.
     pub fn reduce_into_raw(
         &self,
         input: &[u8],

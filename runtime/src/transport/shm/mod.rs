@@ -7,9 +7,10 @@
 //! and a 4 KiB small-data box); per rank three staging slots; one single-producer ring per
 //! ordered pair of local ranks for point-to-point [`ShmLink`]s.
 //!
-//! Large all-to-all calls (and two ranks' mid-sized all-gathers) may skip the slots: when every local rank agreed it
-//! can read every other's memory ([`Node::can_read`], [`Node::single_copy`]), they read each
-//! other's buffers directly ([`Node::peer_read`], `process_vm_readv`).
+//! Large all-to-all calls (and two ranks' mid-sized all-gathers) may skip the slots: when every
+//! local rank agreed it can read every other's memory ([`Node::can_read`],
+//! [`Node::single_copy`]), they read each other's buffers directly ([`Node::peer_read`],
+//! `process_vm_readv`).
 //!
 //! In-node collectives ([`ShmFabric::run`], the [`super::NodeFabric`]) move data in chunks
 //! through the staging slots: each rank copies its chunk in, then **each rank reduces its own
