@@ -121,6 +121,24 @@ fn cluster_smoke() {
         assert_eq!(ok(c.exec(h, &["hostname"]).output(), "hostname").trim(), h);
     }
 
+    // --- the hosts run the cluster's TCP congestion control (CUBIC where the kernel has it),
+    // not whatever this machine's root namespace happens to use
+    let avail = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+        .unwrap_or_default();
+    if avail.split_whitespace().any(|a| a == "cubic") {
+        assert_eq!(c.tcp_cc(), Some("cubic"));
+    }
+    if let Some(cc) = c.tcp_cc() {
+        for h in ["head", "n1", "n2"] {
+            let got = ok(
+                c.exec(h, &["cat", "/proc/sys/net/ipv4/tcp_congestion_control"])
+                    .output(),
+                "tcp_congestion_control",
+            );
+            assert_eq!(got.trim(), cc, "congestion control on {h}");
+        }
+    }
+
     // --- /dev/shm is private per host
     let name = format!("railring-smoke-{}", c.tag());
     ok(

@@ -1,8 +1,8 @@
 //! `emucluster`: bring an emulated railring cluster up/down by hand.
 //!
 //! ```text
-//! emucluster up   --hosts 2 --rails 2 [--rate 1gbit] --state DIR
-//! emucluster up   --fabric FILE --state DIR                (leaves and spines: docs/fabric.md)
+//! emucluster up   --hosts 2 --rails 2 [--rate 1gbit] [--tcp-cc NAME] --state DIR
+//! emucluster up   --fabric FILE [--tcp-cc NAME] --state DIR (leaves and spines: docs/fabric.md)
 //! emucluster exec --state DIR HOST [-- cmd args...]    (no cmd: interactive shell)
 //! emucluster info --state DIR
 //! emucluster down --state DIR
@@ -16,8 +16,9 @@ use std::process::ExitCode;
 use railring_tests::cluster::{gc_stale, Cluster, ClusterSpec, UpOptions};
 
 const USAGE: &str = "usage:
-  emucluster up   --hosts N --rails R [--rate RATE] --state DIR
-  emucluster up   --fabric FILE --state DIR   (hosts under leaf/spine switches, from a fabric file)
+  emucluster up   --hosts N --rails R [--rate RATE] [--tcp-cc NAME] --state DIR
+  emucluster up   --fabric FILE [--tcp-cc NAME] --state DIR   (hosts under leaf/spine switches)
+    --tcp-cc: the hosts' TCP congestion control (default cubic; `inherit` keeps this machine's)
   emucluster exec --state DIR HOST [-- CMD ARGS...]
   emucluster info --state DIR
   emucluster down --state DIR
@@ -37,6 +38,7 @@ struct Opts {
     hosts: usize,
     rails: usize,
     rate: Option<String>,
+    tcp_cc: Option<String>,
     fabric: Option<PathBuf>,
     state: Option<PathBuf>,
     positional: Vec<String>,
@@ -48,6 +50,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         hosts: 2,
         rails: 2,
         rate: None,
+        tcp_cc: None,
         fabric: None,
         state: None,
         positional: Vec::new(),
@@ -66,6 +69,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--hosts" => o.hosts = val(a)?.parse().map_err(|e| format!("--hosts: {e}"))?,
             "--rails" => o.rails = val(a)?.parse().map_err(|e| format!("--rails: {e}"))?,
             "--rate" => o.rate = Some(val(a)?),
+            "--tcp-cc" => o.tcp_cc = Some(val(a)?),
             "--fabric" => o.fabric = Some(PathBuf::from(val(a)?)),
             "--state" => o.state = Some(PathBuf::from(val(a)?)),
             "--" => {
@@ -99,6 +103,7 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
             let opts = UpOptions {
                 dir: Some(dir),
                 detached: true,
+                tcp_cc: o.tcp_cc.clone(),
             };
             let c = match &o.fabric {
                 Some(f) => {
@@ -129,24 +134,28 @@ fn run(args: Vec<String>) -> Result<ExitCode, String> {
                 .map(|p| p.display().to_string())
                 .unwrap_or("emucluster".into());
             let d = c.dir().display().to_string();
-            print!("{}{}", c.describe(), c.describe_fabric());
-            println!("up in {:.2}s. Enter a host:", t.elapsed().as_secs_f64());
-            println!("  {me} exec --state {d} n1                 # interactive shell on n1");
-            println!(
-                "  {me} exec --state {d} head -- {} n1 hostname",
+            let mut say = format!("{}{}", c.describe(), c.describe_fabric());
+            say += &format!("up in {:.2}s. Enter a host:\n", t.elapsed().as_secs_f64());
+            say +=
+                &format!("  {me} exec --state {d} n1                 # interactive shell on n1\n");
+            say += &format!(
+                "  {me} exec --state {d} head -- {} n1 hostname\n",
                 c.ssh_command()
             );
-            println!(
-                "  nsenter -t {} -n -u -m bash            # same as exec head",
+            say += &format!(
+                "  nsenter -t {} -n -u -m bash            # same as exec head\n",
                 c.holder_pid("head")
             );
-            println!(
-                "ssh config: {}   hostfile: {}",
+            say += &format!(
+                "ssh config: {}   hostfile: {}\n",
                 c.ssh_config().display(),
                 c.hostfile(1)?.display()
             );
-            println!("tear down:  {me} down --state {d}");
+            say += &format!("tear down:  {me} down --state {d}\n");
+            // the cluster is up: hand it over before telling, so a closed stdout (`| head -1`)
+            // cannot take it down with it
             c.detach()?;
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), say.as_bytes());
             Ok(ExitCode::SUCCESS)
         }
         "exec" => {

@@ -166,6 +166,7 @@ impl Cluster {
               if [ -e $f ]; then echo 1 > $f; fi\n\
             done\n\
             echo \"$1\" > /proc/sys/kernel/hostname\n\
+            if [ -n \"$3\" ]; then echo \"$3\" > /proc/sys/net/ipv4/tcp_congestion_control; fi\n\
             mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm\n\
             mount --bind \"$2\" /etc/hosts\n\
             echo ready\n\
@@ -190,6 +191,7 @@ impl Cluster {
                 ])
                 .arg(&h.name)
                 .arg(dir.join("hosts"))
+                .arg(self.tcp_cc.as_deref().unwrap_or(""))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(log);
@@ -434,11 +436,12 @@ impl Cluster {
 
     fn write_state(&self) -> Result<(), String> {
         let mut s = format!(
-            "tag={}\nhosts={}\nrails={}\nrate={}\n",
+            "tag={}\nhosts={}\nrails={}\nrate={}\ntcp_cc={}\n",
             self.tag,
             self.hosts_n,
             self.rails,
-            self.rail_rate.clone().unwrap_or_default()
+            self.rail_rate.clone().unwrap_or_default(),
+            self.tcp_cc.clone().unwrap_or_default()
         );
         for h in &self.hosts {
             s.push_str(&format!(

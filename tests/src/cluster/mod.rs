@@ -101,6 +101,33 @@ pub struct UpOptions {
     /// Start holders/sshd in their own process group, so the cluster
     /// survives the creating process (used by `emucluster up`).
     pub detached: bool,
+    /// TCP congestion control of the hosts' namespaces: a name from the kernel's
+    /// `tcp_available_congestion_control`, or `"inherit"` for whatever the root namespace uses.
+    /// `None`: [`DEFAULT_TCP_CC`] where the kernel has it, else inherited.
+    pub tcp_cc: Option<String>,
+}
+
+/// The hosts' TCP congestion control unless [`UpOptions::tcp_cc`] says otherwise: CUBIC, the
+/// kernel's own default and what cluster distributions ship. A namespace inherits the root's
+/// algorithm when it is created; on a machine that runs BBR, BBR's delivery-rate model meets the
+/// rails' token-bucket shapers, whose bursts pass at veth speed (`ss` shows estimates of 0.5 to
+/// 65 Gbit/s on 500 Mbit/s rails), which no switched link does (docs/fabric.md).
+pub const DEFAULT_TCP_CC: &str = "cubic";
+
+/// The congestion control `asked` resolves to (`None`: leave the inherited one), checked against
+/// the algorithms the kernel offers (`available`, as in `tcp_available_congestion_control`).
+fn resolve_tcp_cc(asked: Option<&str>, available: &str) -> Result<Option<String>, String> {
+    let has = |n: &str| available.split_whitespace().any(|a| a == n);
+    match asked {
+        Some("inherit") => Ok(None),
+        Some(n) if has(n) => Ok(Some(n.to_string())),
+        Some(n) => Err(format!(
+            "TCP congestion control {n:?} is not available in this kernel (it offers: {}); \
+             load its module (modprobe tcp_{n}) or pick one of those, or \"inherit\"",
+            available.trim()
+        )),
+        None => Ok(has(DEFAULT_TCP_CC).then(|| DEFAULT_TCP_CC.to_string())),
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -131,6 +158,8 @@ pub struct Cluster {
     hosts_n: usize,
     rails: usize,
     rail_rate: Option<String>,
+    /// The hosts' TCP congestion control (`None`: inherited from the root namespace).
+    tcp_cc: Option<String>,
     dir: PathBuf,
     ssh_cfg: PathBuf,
     hosts: Vec<Host>,
@@ -221,6 +250,11 @@ impl Cluster {
             .map(rate_bytes_per_sec)
             .transpose()?;
         let tools = resolve_tools(rate_bps.is_some() || fab.is_some())?;
+        let tcp_cc = resolve_tcp_cc(
+            opts.tcp_cc.as_deref(),
+            &fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                .unwrap_or_default(),
+        )?;
 
         if let Err(e) = gc_stale() {
             eprintln!("emucluster: warning: garbage-collecting stale clusters: {e}");
@@ -283,6 +317,7 @@ impl Cluster {
             hosts_n: spec.hosts,
             rails: spec.rails,
             rail_rate: spec.rail_rate.clone(),
+            tcp_cc,
             ssh_cfg: dir.join("ssh_config"),
             dir,
             hosts,
@@ -318,6 +353,7 @@ impl Cluster {
             .and_then(|s| s.parse().ok())
             .ok_or("state file lacks rails")?;
         let rate = get("rate").filter(|s| !s.is_empty());
+        let tcp_cc = get("tcp_cc").filter(|s| !s.is_empty());
         let mut hosts = Vec::new();
         for k in 0..=hosts_n {
             let name = if k == 0 {
@@ -351,6 +387,7 @@ impl Cluster {
             hosts_n,
             rails,
             rail_rate: rate,
+            tcp_cc,
             ssh_cfg: dir.join("ssh_config"),
             dir,
             hosts,
@@ -408,5 +445,26 @@ impl Drop for Cluster {
                 eprintln!("emucluster: {e}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn congestion_control_default_explicit_inherit_and_missing() {
+        let avail = "reno bbr cubic\n";
+        assert_eq!(resolve_tcp_cc(None, avail), Ok(Some("cubic".to_string())));
+        assert_eq!(resolve_tcp_cc(None, "reno bbr"), Ok(None));
+        assert_eq!(resolve_tcp_cc(Some("bbr"), avail), Ok(Some("bbr".into())));
+        assert_eq!(resolve_tcp_cc(Some("inherit"), avail), Ok(None));
+        let e = resolve_tcp_cc(Some("vegas"), avail).unwrap_err();
+        assert!(
+            e.contains("\"vegas\"") && e.contains("reno bbr cubic"),
+            "{e}"
+        );
+        // a name is matched whole, never as a part of another
+        assert!(resolve_tcp_cc(Some("cub"), avail).is_err());
     }
 }

@@ -295,9 +295,14 @@ impl Cluster {
     }
 
     /// Human-readable summary (used by `emucluster up`).
+    /// The hosts' TCP congestion control (`None`: inherited from the root namespace).
+    pub fn tcp_cc(&self) -> Option<&str> {
+        self.tcp_cc.as_deref()
+    }
+
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "emulated cluster {} ({} hosts x {} rails{}), dir {}\n",
+            "emulated cluster {} ({} hosts x {} rails{}, TCP {}), dir {}\n",
             self.tag,
             self.hosts_n,
             self.rails,
@@ -305,6 +310,9 @@ impl Cluster {
                 .as_deref()
                 .map(|r| format!(", rails shaped to {r}"))
                 .unwrap_or_default(),
+            self.tcp_cc
+                .as_deref()
+                .unwrap_or("congestion control inherited"),
             self.dir.display()
         );
         for h in &self.hosts {
