@@ -188,7 +188,7 @@ impl CostModel {
                     0.0
                 })
             }
-            Step::NodeAllToAll { group, blocks } => {
+            Step::NodeAllToAll { group, blocks, .. } => {
                 // every block for a peer copied into the slot once, and out once by the peer
                 let mine = group.iter().position(|&g| g == rank);
                 let b: f64 = blocks

@@ -147,10 +147,13 @@ pub enum Step {
     },
     /// In-node all-to-all among `group`: afterwards member `group[i]`'s `Work` region
     /// `blocks[j]` holds member `group[j]`'s `Input` region at the offsets of `blocks[i]`
-    /// (`blocks` name `Work` regions; the `Input` blocks sit at the same offsets).
+    /// (`blocks` name `Work` regions; the `Input` blocks sit at the same offsets). With
+    /// `in_place` the blocks are read from `Work` instead: the members' blocks are transposed
+    /// there (member i's `blocks[j]` swaps with member j's `blocks[i]`).
     NodeAllToAll {
         group: Vec<usize>,
         blocks: Vec<Region>,
+        in_place: bool,
     },
     /// Local copy inside this rank (e.g. all-to-all's own block).
     Copy { src: Region, dst: Region },
@@ -407,9 +410,14 @@ impl fmt::Display for Plan {
                     f,
                     "  {i:3}: node broadcast over {group:?} from member {root}, region {region}"
                 )?,
-                Step::NodeAllToAll { group, blocks } => writeln!(
+                Step::NodeAllToAll {
+                    group,
+                    blocks,
+                    in_place,
+                } => writeln!(
                     f,
-                    "  {i:3}: node all-to-all over {group:?}, blocks {}",
+                    "  {i:3}: node all-to-all{} over {group:?}, blocks {}",
+                    if *in_place { " in place" } else { "" },
                     fmt_regions(blocks)
                 )?,
                 Step::Copy { src, dst } => writeln!(f, "  {i:3}: copy {src} -> {dst}")?,

@@ -280,13 +280,22 @@ impl<'a> Sim<'a> {
                     self.work[m][range.clone()].copy_from_slice(&vals);
                 }
             }
-            Step::NodeAllToAll { group, blocks } => {
-                // member i's Work blocks[j] <- member j's Input at blocks[i]
+            Step::NodeAllToAll {
+                group,
+                blocks,
+                in_place,
+            } => {
+                // member i's Work blocks[j] <- member j's Input (in place: Work) at blocks[i]
                 let mut out = Vec::new();
                 for (i, &mi) in group.iter().enumerate() {
                     for (j, &mj) in group.iter().enumerate() {
                         let from = blocks[i];
-                        let vals = self.input[mj][from.offset..from.end()].to_vec();
+                        let src = if *in_place {
+                            &self.work[mj]
+                        } else {
+                            &self.input[mj]
+                        };
+                        let vals = src[from.offset..from.end()].to_vec();
                         out.push((mi, blocks[j], vals));
                     }
                 }

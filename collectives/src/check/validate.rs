@@ -143,7 +143,12 @@ pub(super) fn validate(
                     in_bounds(i, region, true)?;
                     continue;
                 }
-                if let Step::NodeAllToAll { blocks, .. } = s {
+                if let Step::NodeAllToAll {
+                    blocks,
+                    in_place: false,
+                    ..
+                } = s
+                {
                     for b in blocks {
                         in_bounds(
                             i,

@@ -333,16 +333,21 @@ impl<'a> Executor<'a> {
                     let mode = NodeMode::Broadcast { root: *root };
                     self.node(mode, group, std::slice::from_ref(region), call, bufs, None)?
                 }
-                Step::NodeAllToAll { group, blocks } => {
+                Step::NodeAllToAll {
+                    group,
+                    blocks,
+                    in_place,
+                } => {
                     // the blocks sit at the same offsets in the input: the fabric reads them
-                    // there; no input: in place (the call's only step, see Inner::all_to_all_in_place)
-                    if bufs.input_bytes > 0 && bufs.input_bytes < bufs.work_bytes {
+                    // there; no input (Inner::all_to_all_in_place) or a transpose of blocks the
+                    // plan received (`in_place`): the fabric reads and writes the work buffer
+                    if !in_place && bufs.input_bytes > 0 && bufs.input_bytes < bufs.work_bytes {
                         return Err(Error::Plan(format!(
                             "in-node all-to-all: input of {} bytes for {} bytes of blocks",
                             bufs.input_bytes, bufs.work_bytes
                         )));
                     }
-                    let input = (bufs.input_bytes > 0).then_some(bufs.input);
+                    let input = (!in_place && bufs.input_bytes > 0).then_some(bufs.input);
                     self.node(NodeMode::AllToAll, group, blocks, call, bufs, input)?
                 }
                 Step::Copy { src, dst } => {
