@@ -12,6 +12,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const RAILCHECK: &str = env!("CARGO_BIN_EXE_rr-railcheck");
+const COLLCHECK: &str = env!("CARGO_BIN_EXE_rr-collcheck");
 
 fn railrun_cmd(c: &Cluster, np: &str, env: &[&str], prog: &[&str]) -> std::process::Command {
     railrun_cmd_ifname(c, np, "rail", env, prog)
@@ -187,6 +188,50 @@ fn a_late_host_is_named_by_the_straggler_report() {
             !ranks.contains("rank 0 ") && !ranks.contains("rank 1 "),
             "names a punctual rank: {r}"
         );
+    }
+}
+
+#[test]
+fn a_last_rail_without_a_route_at_connect_time_is_waited_for() {
+    if !Cluster::check_or_skip("a_last_rail_without_a_route_at_connect_time_is_waited_for") {
+        return;
+    }
+    railring_tests::bins::railrun();
+    let c = Cluster::up(ClusterSpec {
+        hosts: 2,
+        rails: 2,
+        rail_rate: None,
+    })
+    .expect("cluster up");
+    // one rank per host, on rail0 only: when the job starts, neither host has a route to the
+    // other's rail0 (a connect fails at once: "No route to host"); it returns 3 s later, well
+    // within the connect timeout (15 s), as a flapping link does
+    let route = |op: &str| {
+        for (h, other) in [("n1", "n2"), ("n2", "n1")] {
+            let to = format!("{}/32", c.rail_addr(other, 0));
+            let st = c
+                .exec(h, &["ip", "route", op, "unreachable", &to])
+                .status()
+                .expect("ip route");
+            assert!(st.success(), "ip route {op} unreachable {to} on {h}");
+        }
+    };
+    route("add");
+    let child = railrun_cmd_ifname(&c, "2", "=rail0", &[], &[COLLCHECK, "allreduce", "1000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("railrun");
+    std::thread::sleep(Duration::from_secs(3));
+    route("del");
+    let out = child.wait_with_output().expect("railrun");
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{so}\n{se}");
+    for r in 0..2 {
+        assert!(so.contains(&format!("OK rank {r} of 2 ")), "{so}\n{se}");
     }
 }
 

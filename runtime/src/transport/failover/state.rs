@@ -7,6 +7,9 @@ use super::health::{mark_dead, rail_unusable, retry_after};
 use super::wire::{decode, encode, Frame, FRAME_MAX, HDR};
 use super::*;
 
+/// Pause between tries of a last rail that has no route to the peer (see [`LinkState::connect`]).
+const UNREACHABLE_RETRY: Duration = Duration::from_millis(100);
+
 impl Pending {
     /// Read the peer's `RESUME` as far as it has come: `Ok(Some((gen, consumed)))` when whole.
     pub(super) fn poll(&mut self) -> io::Result<Option<(u32, u64)>> {
@@ -96,7 +99,8 @@ impl LinkState {
     }
 
     /// Make the first connection of a link as the connecting side: from the home rail unless it
-    /// is down or known dead toward this peer host, else from the next rail that answers.
+    /// is down or known dead toward this peer host, else from the next rail that answers; the
+    /// last rail left is tried until the connect timeout while it has no route to the peer.
     pub(super) fn connect(ctx: RailCtx) -> io::Result<LinkState> {
         let n = ctx.net.rails.len().max(1);
         let retry = retry_after(ctx.rail_timeout);
@@ -125,10 +129,29 @@ impl LinkState {
             } else {
                 vec![r]
             };
-            match ctx
-                .net
-                .connect(id, &rails, &ctx.peer_addrs, timeout, ctx.streams)
-            {
+            // the last rail left: one that is down (no route: its interface is down, or no
+            // neighbour answers) may come back within the connect timeout, as a flapping link
+            // does; keep trying it until then rather than end the job at once
+            let since = std::time::Instant::now();
+            let attempt = loop {
+                match ctx
+                    .net
+                    .connect(id, &rails, &ctx.peer_addrs, timeout, ctx.streams)
+                {
+                    Err(e)
+                        if last
+                            && matches!(
+                                e.kind(),
+                                io::ErrorKind::NetworkUnreachable | io::ErrorKind::HostUnreachable
+                            )
+                            && since.elapsed() + UNREACHABLE_RETRY < ctx.connect_timeout =>
+                    {
+                        std::thread::sleep(UNREACHABLE_RETRY)
+                    }
+                    r => break r,
+                }
+            };
+            match attempt {
                 Ok(l) => {
                     if !notes.is_empty() {
                         tracing::warn!(target: "railring::net", "{}: starting on rail {ifname} ({}) instead of {} ({})", ctx.who(), l.describe(), ctx.ifname(ctx.home), notes.join("; "));
