@@ -290,7 +290,7 @@ pub fn all_to_all(layout: &Layout, rank: usize, count: usize) -> Result<Plan, Pl
 /// Largest block (elements) that the two-level all-to-all sends node pair by node pair: measured
 /// with 2 ranks on each of 2 and 4 emulated hosts (2 rails at 500 Mbit/s, 2 cores): 64 B-4 KiB
 /// per rank 1.2-2x faster than a message per remote rank (2 x 2 at 512 B: 32-34 us against
-/// 50-65), 32 KiB on 4 x 2 (4 KiB blocks) 460-610 us against 540-630; from 8 KiB blocks on, the
+/// 50-65), 32 KiB on 4 x 2 (4 KiB blocks) 480-610 us against 540-630; from 8 KiB blocks on, the
 /// same time either way (the rails' rate), so larger blocks keep one message per remote rank and
 /// skip the second pass through shared memory.
 pub const NODE_PAIR_MAX: usize = 1024;
