@@ -382,4 +382,23 @@ fn a_stalled_peer_becomes_a_timeout_naming_it() {
         );
         assert!(o.stdout.contains("[1]"), "{label}: {}", o.stdout);
     }
+    // a rank that never comes to a split is named the same way, not as a store key
+    let outs = direct(
+        3,
+        &["stall-split"],
+        &[("RAILRING_TIMEOUT", "2")],
+        |r| ["a", "a", "b"][r].to_string(),
+        Duration::from_secs(60),
+    );
+    for r in [0, 2] {
+        let o = &outs[r];
+        assert_eq!(o.code, Some(3), "rank {r}: {}{}", o.stdout, o.stderr);
+        assert!(
+            o.stdout.contains(
+                "no progress for 2 s (RAILRING_TIMEOUT) while waiting for rank(s) [1] in split"
+            ),
+            "rank {r}: {}",
+            o.stdout
+        );
+    }
 }

@@ -598,21 +598,43 @@ impl Inner {
         };
         let me = format!("{},{key}", color.map(|c| c as i64).unwrap_or(-1));
         let base = format!("c{:x}/split/{seq}", self.comm);
-        store.set(&format!("{base}/{}", self.rank), me.as_bytes())?;
+        let keys: Vec<String> = (0..self.size).map(|r| format!("{base}/{r}")).collect();
+        let timeout = self.world.cfg.timeout;
+        // a rank that never comes to the split (stopped, hung) is named as a stalled collective
+        // names it, not as a store key
+        let stalled = |e: crate::store::StoreError| -> Error {
+            if !matches!(e, crate::store::StoreError::Timeout { .. }) {
+                return e.into();
+            }
+            let mut waiting: Vec<usize> = store
+                .check(&keys)
+                .map(|have| (0..have.len()).filter(|&r| !have[r]).collect())
+                .unwrap_or_default();
+            if waiting.is_empty() {
+                waiting.push(0); // everyone arrived; rank 0 never published the records
+            }
+            Error::Timeout {
+                rank: self.rank,
+                secs: timeout.as_secs(),
+                waiting,
+                what: "split".into(),
+            }
+        };
+        store.set(&keys[self.rank], me.as_bytes())?;
         if self.rank == 0 {
-            let keys: Vec<String> = (0..self.size).map(|r| format!("{base}/{r}")).collect();
-            store.wait(&keys, self.world.cfg.timeout)?;
+            store.wait(&keys, timeout).map_err(stalled)?;
             let mut all = Vec::new();
             for k in &keys {
-                all.push(
-                    String::from_utf8_lossy(&store.get(k, self.world.cfg.timeout)?).into_owned(),
-                );
+                all.push(String::from_utf8_lossy(&store.get(k, timeout)?).into_owned());
             }
             store.set(&format!("{base}/all"), all.join(";").as_bytes())?;
         }
-        let all =
-            String::from_utf8_lossy(&store.get(&format!("{base}/all"), self.world.cfg.timeout)?)
-                .into_owned();
+        let all = String::from_utf8_lossy(
+            &store
+                .get(&format!("{base}/all"), timeout)
+                .map_err(stalled)?,
+        )
+        .into_owned();
         let mut entries = Vec::new();
         for (r, e) in all.split(';').enumerate() {
             let (c, k) = e

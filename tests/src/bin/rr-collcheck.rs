@@ -8,6 +8,7 @@
 //!   mismatch-big   the same, rank 1's count large (1M elements) and rank 0's small
 //!   die-before     rank 1 exits 7 before the collective; the others print their error, exit 3
 //!   stall          rank 1 sleeps instead of calling; the others print their error, exit 3
+//!   stall-split    the same with a split instead of an all-reduce
 use half::{bf16, f16};
 use railring::{Communicator, Element, ReduceOp};
 
@@ -447,6 +448,21 @@ fn main() {
                 Ok(()) => println!("rank {me}: no error"),
                 Err(e) => {
                     println!("rank {me}: ERROR {e}");
+                    std::process::exit(3);
+                }
+            }
+        }
+        "stall-split" => {
+            let mut b = vec![1.0f32; 1 << 10];
+            c.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+            if me == 1 {
+                std::thread::sleep(std::time::Duration::from_secs(8));
+                return;
+            }
+            match c.split(Some(0), me as i64) {
+                Ok(_) => println!("rank {me}: no error"),
+                Err(e) => {
+                    println!("rank {me}: ERROR: {e}");
                     std::process::exit(3);
                 }
             }
