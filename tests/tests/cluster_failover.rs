@@ -49,18 +49,28 @@ fn railrun_cmd_ifname(
     c.railrun_on("head", &[], &argv)
 }
 
-#[test]
-fn a_rail_pulled_mid_run_fails_over_and_comes_back() {
-    if !Cluster::check_or_skip("a_rail_pulled_mid_run_fails_over_and_comes_back") {
-        return;
+/// The cluster every test here runs on (2 hosts x 2 rails, unshaped) with railrun built; `None`
+/// (the test skipped, saying so) where the emulated cluster cannot run.
+fn two_hosts(test: &str) -> Option<Cluster> {
+    if !Cluster::check_or_skip(test) {
+        return None;
     }
     railring_tests::bins::railrun();
-    let c = Cluster::up(ClusterSpec {
-        hosts: 2,
-        rails: 2,
-        rail_rate: None,
-    })
-    .expect("cluster up");
+    Some(
+        Cluster::up(ClusterSpec {
+            hosts: 2,
+            rails: 2,
+            rail_rate: None,
+        })
+        .expect("cluster up"),
+    )
+}
+
+#[test]
+fn a_rail_pulled_mid_run_fails_over_and_comes_back() {
+    let Some(c) = two_hosts("a_rail_pulled_mid_run_fails_over_and_comes_back") else {
+        return;
+    };
     let mut child = railrun_cmd(
         &c,
         "4",
@@ -153,16 +163,9 @@ fn a_rail_pulled_mid_run_fails_over_and_comes_back() {
 
 #[test]
 fn a_late_host_is_named_by_the_straggler_report() {
-    if !Cluster::check_or_skip("a_late_host_is_named_by_the_straggler_report") {
+    let Some(c) = two_hosts("a_late_host_is_named_by_the_straggler_report") else {
         return;
-    }
-    railring_tests::bins::railrun();
-    let c = Cluster::up(ClusterSpec {
-        hosts: 2,
-        rails: 2,
-        rail_rate: None,
-    })
-    .expect("cluster up");
+    };
     // ranks 2 and 3 (host n2) sleep 30 ms before each of 40 calls; reports every 20 calls
     let out = railrun_cmd(
         &c,
@@ -193,16 +196,9 @@ fn a_late_host_is_named_by_the_straggler_report() {
 
 #[test]
 fn a_last_rail_without_a_route_at_connect_time_is_waited_for() {
-    if !Cluster::check_or_skip("a_last_rail_without_a_route_at_connect_time_is_waited_for") {
+    let Some(c) = two_hosts("a_last_rail_without_a_route_at_connect_time_is_waited_for") else {
         return;
-    }
-    railring_tests::bins::railrun();
-    let c = Cluster::up(ClusterSpec {
-        hosts: 2,
-        rails: 2,
-        rail_rate: None,
-    })
-    .expect("cluster up");
+    };
     // one rank per host, on rail0 only: when the job starts, neither host has a route to the
     // other's rail0 (a connect fails at once: "No route to host"); it returns 3 s later, well
     // within the connect timeout (15 s), as a flapping link does
@@ -237,16 +233,9 @@ fn a_last_rail_without_a_route_at_connect_time_is_waited_for() {
 
 #[test]
 fn a_dead_last_rail_is_named_well_before_the_timeout() {
-    if !Cluster::check_or_skip("a_dead_last_rail_is_named_well_before_the_timeout") {
+    let Some(c) = two_hosts("a_dead_last_rail_is_named_well_before_the_timeout") else {
         return;
-    }
-    railring_tests::bins::railrun();
-    let c = Cluster::up(ClusterSpec {
-        hosts: 2,
-        rails: 2,
-        rail_rate: None,
-    })
-    .expect("cluster up");
+    };
     // one rank per host, one rail: nothing to move to
     let mut child = railrun_cmd_ifname(
         &c,
