@@ -158,13 +158,7 @@ impl Communicator {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        if input.len() != output.len() {
-            return Err(Error::Invalid(format!(
-                "all_reduce_into: input has {} elements, output {}",
-                input.len(),
-                output.len()
-            )));
-        }
+        same_len("all_reduce_into", input, output)?;
         self.blocking(|g| {
             g.all_reduce_from(as_bytes_mut(output), Some(as_bytes(input)), T::DTYPE, op)
         })
@@ -188,12 +182,8 @@ impl Communicator {
         mut output: Vec<T>,
         op: ReduceOp,
     ) -> Pending<(Vec<T>, Vec<T>)> {
-        if input.len() != output.len() {
-            return Pending::done(Err(Error::Invalid(format!(
-                "all_reduce_into_start: input has {} elements, output {}",
-                input.len(),
-                output.len()
-            ))));
+        if let Err(e) = same_len("all_reduce_into_start", &input, &output) {
+            return Pending::done(Err(e));
         }
         self.submit(move |g| {
             g.all_reduce_from(
@@ -298,13 +288,7 @@ impl Communicator {
         output: &mut [T],
         root: usize,
     ) -> Result<()> {
-        if input.len() != output.len() {
-            return Err(Error::Invalid(format!(
-                "broadcast_into: input has {} elements, output {}",
-                input.len(),
-                output.len()
-            )));
-        }
+        same_len("broadcast_into", input, output)?;
         self.blocking(|g| {
             g.broadcast_from(as_bytes_mut(output), Some(as_bytes(input)), T::DTYPE, root)
         })
@@ -326,13 +310,7 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        if input.len() != output.len() {
-            return Err(Error::Invalid(format!(
-                "reduce: input has {} elements, output {}",
-                input.len(),
-                output.len()
-            )));
-        }
+        same_len("reduce", input, output)?;
         self.blocking(|g| {
             g.reduce_from(
                 as_bytes_mut(output),
@@ -380,12 +358,8 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Pending<(Vec<T>, Vec<T>)> {
-        if input.len() != output.len() {
-            return Pending::done(Err(Error::Invalid(format!(
-                "reduce_into_start: input has {} elements, output {}",
-                input.len(),
-                output.len()
-            ))));
+        if let Err(e) = same_len("reduce_into_start", &input, &output) {
+            return Pending::done(Err(e));
         }
         self.submit(move |g| {
             g.reduce_from(
@@ -504,4 +478,16 @@ impl Communicator {
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         self.blocking(|g| g.split(color, key))
     }
+}
+
+/// An out-of-place call's input and output hold the same number of elements.
+fn same_len<T>(what: &str, input: &[T], output: &[T]) -> Result<()> {
+    if input.len() != output.len() {
+        return Err(Error::Invalid(format!(
+            "{what}: input has {} elements, output {}",
+            input.len(),
+            output.len()
+        )));
+    }
+    Ok(())
 }

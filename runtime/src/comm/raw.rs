@@ -30,11 +30,7 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         Self::check_len(input, dtype)?;
-        if input.len() != output.len() {
-            return Err(Error::Invalid(
-                "all_reduce_into: input and output lengths differ".into(),
-            ));
-        }
+        // lengths: checked by the call itself (Inner::all_reduce_from)
         self.blocking(|g| g.all_reduce_from(output, Some(input), dtype, op))
     }
     /// [`Communicator::reduce_scatter`] on bytes: `input` holds `size` blocks, `output` (one
