@@ -462,13 +462,14 @@ impl ShmFabric {
             let (o, n) = slices[me];
             std::ptr::copy_nonoverlapping(input.wrapping_add(o), work.add(o), n);
         }
+        if mode == NodeMode::AllToAll {
+            let in_place = std::ptr::eq(input, work);
+            return self.pairwise_all_to_all(g, work, slices, in_place, desc, describe);
+        }
         self.wait_all("collective (waiting for peers' buffers)", g, |j| {
             self.node.ready(j)
         })?;
         self.check_descs(g, desc, describe)?;
-        if mode == NodeMode::AllToAll {
-            return self.pairwise_all_to_all(g, work, slices, std::ptr::eq(input, work));
-        }
         // all-gather: each rank starts with its next neighbour, so no buffer is read by every
         // rank at once
         for j in (1..l).map(|k| (me + k) % l) {
@@ -509,10 +510,13 @@ impl ShmFabric {
         })
     }
 
-    /// The single-copy all-to-all of generation `g` (every rank's input address is published
-    /// and seen) into `work`: pairwise rounds of a round-robin tournament, so a rank waits for
-    /// one partner at a time. In the round where two ranks meet, each reads the other's block
-    /// for it and says so. Out of place it reads straight into `work`; in place it reads into
+    /// The single-copy all-to-all of generation `g` (this rank's input address is published)
+    /// into `work`: pairwise rounds of a round-robin tournament, so a rank waits for one
+    /// partner at a time — for its published buffer (and matching descriptor), then for its
+    /// read — never for all local ranks at once: that barrier cost 4 ranks on 2 cores 10-20 %
+    /// at 256 KiB (railperf -n 40 -z 1, 8 rounds, median µs out of place / in place: 135 / 275
+    /// with it, 124 / 236 without). In the round where two ranks meet, each reads the other's
+    /// block for it and says so. Out of place it reads straight into `work`; in place it reads into
     /// a bounce buffer and, once the partner says it has
     /// read the block this rank is about to overwrite, copies the bounce there. Both sides
     /// read at once, and the protocol is the same whether either side is in place, so ranks
@@ -523,6 +527,8 @@ impl ShmFabric {
         work: *mut u8,
         slices: &[(usize, usize)],
         in_place: bool,
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
         let l = self.local_size();
         let me = self.node.me;
@@ -552,7 +558,15 @@ impl ShmFabric {
             } else {
                 work.add(slices[p].0)
             };
-            result = self.read_peer(p, g, dst, slices[me].0, n);
+            result = self
+                .wait_peer(
+                    "all-to-all (waiting for a partner's buffer)",
+                    p,
+                    g,
+                    self.node.ready(p),
+                )
+                .and_then(|_| self.check_desc_of(p, g, desc, describe))
+                .and_then(|_| self.read_peer(p, g, dst, slices[me].0, n));
             if result.is_err() {
                 break;
             }
