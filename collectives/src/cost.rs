@@ -490,6 +490,18 @@ impl CostModel {
     }
 }
 
+/// The share of a network receive's latency that counts as per-message work in a stream of
+/// calls ([`CostModel::stream_price`]) on a rank alone on its node. A send is a system call per
+/// message; a receiver that was busy finds the messages that arrived meanwhile queued and takes
+/// them in one read (the forwarding rank of a 4-host small reduce made a third as many reads
+/// as sends), and their latency overlaps its work on the previous call. Priced whole, a 4-host
+/// small broadcast's tree (root: two sends a call) and chain (one send, one receive) tied and
+/// the tree ran; back to back on the emulated cluster, 8 B-512 B, µs a call over 3 launches:
+/// the chain 14-21, the tree 25-39, Open MPI 25-39. Where node-mates share the node's CPUs
+/// receives count whole: with the share, 4 hosts x 2 ranks moved from the tree to the two-level
+/// broadcast, which ran slower (46-87 µs against 44-65).
+pub const RECV_PACE_SHARE: f64 = 0.25;
+
 /// How much slower than the quickest single call a rooted call's algorithm may be and still be
 /// chosen for its pace back to back ([`CostModel::choose`]).
 pub const ROOTED_SLACK: f64 = 2.0;
@@ -553,9 +565,21 @@ struct RankView<'a> {
 }
 
 impl RankView<'_> {
+    /// Whether `peer` is on this rank's node.
+    fn local(&self, peer: usize) -> bool {
+        self.home.is_some() && self.nodes.node_of(peer) == self.home
+    }
+
+    /// Whether this rank's receives count [`RECV_PACE_SHARE`] of their latency back to back:
+    /// it is alone on its node, so every receive is a network one.
+    fn streams_in(&self) -> bool {
+        self.home
+            .and_then(|h| self.nodes.sizes.get(h))
+            .is_some_and(|&s| s == 1)
+    }
+
     fn link(&self, peer: usize) -> LinkCost {
-        let same = self.home.is_some() && self.nodes.node_of(peer) == self.home;
-        if same {
+        if self.local(peer) {
             self.model.local
         } else {
             self.net
@@ -566,8 +590,8 @@ impl RankView<'_> {
         x.region.len as f64 * self.ds
     }
 
-    /// Seconds a call of back-to-back calls keeps this rank busy: every transfer's latency
-    /// (the per-message work of this rank, whichever way the message goes) plus the busier
+    /// Seconds a call of back-to-back calls keeps this rank busy: every send's latency (the
+    /// per-message work of this rank) and [`RECV_PACE_SHARE`] of every receive's, plus the busier
     /// direction's bytes — sends, or receives and their reductions: a link carries both
     /// directions at once, and the next call's receive overlaps this call's send — with in-node
     /// steps counted whole.
@@ -585,7 +609,12 @@ impl RankView<'_> {
                     }
                     if let Some(x) = live(recv) {
                         let (l, b) = (self.link(x.peer), self.bytes(&x));
-                        fixed += l.alpha;
+                        fixed += l.alpha
+                            * if self.streams_in() {
+                                RECV_PACE_SHARE
+                            } else {
+                                1.0
+                            };
                         inn += b / l.beta + if *reduce { b / m.reduce_bw } else { 0.0 };
                     }
                 }
@@ -754,17 +783,21 @@ mod tests {
         assert_ne!(algo, Algo::Ring, "{why}");
         // 4 nodes of one rank on 500 Mbit/s rails (the emulated cluster's), 4 KiB: the tree's
         // single call is quicker, but its root moves two messages' bytes a call where the
-        // chain's moves one: back to back, the chain. At 8 bytes, per-message work rules: the
-        // tree.
+        // chain's moves one: back to back, the chain. At 8 bytes, per-message work rules: a
+        // broadcast's tree root sends two messages a call where a chain's ranks send one and
+        // take one in from a stream (RECV_PACE_SHARE): the chain; a reduce's tree root only
+        // takes two in, its other ranks send one: the tree.
         let mut slow = m.clone();
         slow.net.beta = 500e6 / 8.0 * 0.956;
         let four = Layout::block(4, 1);
         for kind in [CollKind::Broadcast, CollKind::Reduce] {
             let (algo, why) = slow.choose(kind, &four, 1024, 4, 0);
             assert_ne!(algo, Algo::Tree, "{why}");
-            let (algo, why) = slow.choose(kind, &four, 2, 4, 0);
-            assert_eq!(algo, Algo::Tree, "{why}");
         }
+        let (algo, why) = slow.choose(CollKind::Broadcast, &four, 2, 4, 0);
+        assert_eq!(algo, Algo::Ring, "{why}");
+        let (algo, why) = slow.choose(CollKind::Reduce, &four, 2, 4, 0);
+        assert_eq!(algo, Algo::Tree, "{why}");
         // large: pipelined (every link busy at once), never the tree's whole-message hops
         let (algo, why) = m.choose(CollKind::Broadcast, &l, 16 << 20, 4, 3);
         assert!(matches!(algo, Algo::Ring | Algo::TwoLevel), "{why}");
