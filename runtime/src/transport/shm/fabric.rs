@@ -514,13 +514,14 @@ impl ShmFabric {
     /// into `work`: pairwise rounds of a round-robin tournament, so a rank waits for one
     /// partner at a time — for its published buffer (and matching descriptor), then for its
     /// read — never for all local ranks at once: that barrier cost 4 ranks on 2 cores 10-20 %
-    /// at 256 KiB (railperf -n 40 -z 1, 8 rounds, median µs out of place / in place: 135 / 275
-    /// with it, 124 / 236 without). In the round where two ranks meet, each reads the other's
-    /// block for it and says so. Out of place it reads straight into `work`; in place it reads into
-    /// a bounce buffer and, once the partner says it has
-    /// read the block this rank is about to overwrite, copies the bounce there. Both sides
-    /// read at once, and the protocol is the same whether either side is in place, so ranks
-    /// calling both ways meet. A rank returns only after every partner read its input.
+    /// at 256 KiB in short runs (railperf -n 40 -z 1, 8 launches, median µs out of place / in
+    /// place: 135 / 275 with it, 124 / 236 without; at -n 200 no clear difference). In the
+    /// round where two ranks meet, each reads the other's block for it and says so. Out of
+    /// place it reads straight into `work`; in place it reads into a bounce buffer and, once
+    /// the partner says it has read the block this rank is about to overwrite, copies the
+    /// bounce there. Both sides read at once, and the protocol is the same whether either side
+    /// is in place, so ranks calling both ways meet. A rank returns only after every partner
+    /// read its input.
     unsafe fn pairwise_all_to_all(
         &mut self,
         g: u64,
