@@ -36,10 +36,10 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// `RAILRING_SHM_SLOT` (bytes, default 1 MiB): size of one shared-memory staging slot per rank.
     pub shm_slot: usize,
-    /// `RAILRING_SHM_SINGLE_COPY` (`auto` default, `off`): large in-node all-to-all and
+    /// `RAILRING_SHM_SINGLE_COPY` (`auto` default, `on`, `off`): large in-node all-to-all and
     /// all-gather read peers' buffers directly (`process_vm_readv`, one copy instead of two
     /// through the staging slots) when every local rank can read every other's memory.
-    pub shm_single_copy: bool,
+    pub shm_single_copy: SingleCopy,
     /// `RAILRING_NET_CHUNK` (bytes, default 512 KiB): pipelining chunk on network links.
     pub net_chunk: usize,
     /// `RAILRING_CONNECT_TIMEOUT` (seconds, default 30): bootstrap and data-plane connects.
@@ -175,16 +175,29 @@ pub fn log_color() -> Result<bool> {
     }
 }
 
-/// `RAILRING_SHM_SINGLE_COPY`: `auto` (default) tries the single-copy path, `off` never does.
-fn single_copy() -> Result<bool> {
+/// When the in-node fabric reads peers' buffers directly (`RAILRING_SHM_SINGLE_COPY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SingleCopy {
+    /// Never: always stage.
+    Off,
+    /// Where it measured faster: all-to-all blocks of at least 32 KiB, or 512 KiB when the
+    /// node's ranks outnumber its CPUs (see `transport::shm::fabric`).
+    Auto,
+    /// All-to-all blocks of at least 32 KiB even when ranks outnumber CPUs.
+    On,
+}
+
+/// `RAILRING_SHM_SINGLE_COPY`: `auto` (default), `on` or `off`.
+fn single_copy() -> Result<SingleCopy> {
     match var(vars::SHM_SINGLE_COPY).map(|v| v.trim().to_ascii_lowercase()) {
-        None => Ok(true),
-        Some(v) if ["auto", "1", "on", "yes"].contains(&v.as_str()) => Ok(true),
-        Some(v) if ["off", "0", "no", "never"].contains(&v.as_str()) => Ok(false),
+        None => Ok(SingleCopy::Auto),
+        Some(v) if v == "auto" => Ok(SingleCopy::Auto),
+        Some(v) if ["1", "on", "yes", "always"].contains(&v.as_str()) => Ok(SingleCopy::On),
+        Some(v) if ["off", "0", "no", "never"].contains(&v.as_str()) => Ok(SingleCopy::Off),
         Some(v) => Err(Error::Env {
             var: vars::SHM_SINGLE_COPY.into(),
             value: v,
-            why: "expected auto or off".into(),
+            why: "expected auto, on or off".into(),
         }),
     }
 }

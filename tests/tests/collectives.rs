@@ -166,14 +166,28 @@ fn every_collective_four_ranks_through_railrun() {
 /// The in-node fabric's two paths for large all-to-all and all-gather — peers' buffers read
 /// directly (`process_vm_readv`) and the copy through the staging slots — each checked element
 /// by element, with what every rank logs proving which path ran; ranks started with different
-/// settings agree on the staged one.
+/// settings agree on the staged one, and where ranks outnumber CPUs `auto` stages the
+/// all-to-all while `on` still reads it directly.
 #[test]
 fn in_node_single_copy_and_staged_paths_are_both_exact() {
     let prog = bin("rr-collcheck");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let auto = |np: usize| {
+        if np > cpus {
+            format!(
+                "on, all-to-all staged ({np} ranks share {cpus} CPUs here; \
+                 RAILRING_SHM_SINGLE_COPY=on reads its blocks directly)"
+            )
+        } else {
+            "on".to_string()
+        }
+    };
     // (two ranks: the all-gather's 64 KiB blocks read directly too)
+    let (auto2, auto4) = (auto(2), auto(4));
     let cases = [
-        (2, "auto", format!("exec {prog} all"), "on"),
-        (4, "auto", format!("exec {prog} all"), "on"),
+        (2, "auto", format!("exec {prog} all"), auto2.as_str()),
+        (4, "auto", format!("exec {prog} all"), auto4.as_str()),
+        (4, "on", format!("exec {prog} all"), "on"),
         (4, "off", format!("exec {prog} all"), "off (RAILRING_SHM_SINGLE_COPY=off)"),
         // rank 0 alone says off: everyone stages
         (
@@ -209,7 +223,7 @@ fn in_node_single_copy_and_staged_paths_are_both_exact() {
                 want
             };
             assert!(
-                line.contains(&format!("(process_vm_readv): {want}")),
+                line.contains(&format!("(process_vm_readv): {want} rank={r}")),
                 "rank {r}: {line}"
             );
         }

@@ -291,17 +291,13 @@ impl Inner {
         // railperf with RAILRING_ALGO forced; README "Scoreboard"): the fabric's
         // broadcast at every size (2 MiB: 0.42 ms against the ring's 0.71 and the tree's 1.05;
         // up to 32 KiB one round through the root's slot); the fabric's reduce at every
-        // size (small ones: only the root waits); the fabric's all-to-all for blocks under 32 KiB (64 B: 5 µs against 13 µs
-        // pairwise) and, where its ranks read each other's buffers (single copy), at every
-        // size; else pairwise above (each block crosses shared memory once instead of twice).
+        // size (small ones: only the root waits); the fabric's all-to-all at every size,
+        // staged or single copy (64 B blocks: 5 µs against 13 µs pairwise; staged 64 KiB
+        // blocks 37-46 µs against pairwise's 80-90, 256 KiB 152-169 against 197-311).
         if self.layout.nodes.len() == 1 && self.layout.size() > 1 {
             let bytes = count.saturating_mul(esz);
-            let single_copy = self.fabric.as_ref().is_some_and(|f| f.single_copy());
             let pick = match kind {
-                CollKind::Broadcast => Some(Algo::TwoLevel),
-                CollKind::Reduce => Some(Algo::TwoLevel),
-                CollKind::AllToAll if bytes < 32 << 10 || single_copy => Some(Algo::TwoLevel),
-                CollKind::AllToAll => Some(Algo::Pairwise),
+                CollKind::Broadcast | CollKind::Reduce | CollKind::AllToAll => Some(Algo::TwoLevel),
                 _ => None,
             };
             if let Some(a) = pick.filter(|a| candidates.contains(a)) {

@@ -5,7 +5,7 @@
 use super::call::{Inner, World};
 use super::{Communicator, PeerInfo, Shared};
 use crate::bootstrap::{self, Launch, Rendezvous};
-use crate::config::Config;
+use crate::config::{Config, SingleCopy};
 use crate::error::{Error, Result};
 use crate::machine;
 use crate::store::StoreClient;
@@ -200,6 +200,10 @@ impl Communicator {
                 .store
                 .as_ref()
                 .ok_or_else(|| Error::Invalid("several local ranks but no store".into()))?;
+            // Do this node's ranks share their kernel's CPUs with more ranks than it has? The
+            // same answer on every local rank: worked out from what every rank published.
+            let kernels: Vec<&str> = local.iter().map(|&r| peers[r].kernel.as_str()).collect();
+            let crowded = kernels_crowded(&world.peers, &kernels);
             Some(Self::setup_shm(
                 store,
                 comm,
@@ -208,6 +212,7 @@ impl Communicator {
                 local_rank,
                 &nodes[node_index].0,
                 &world.cfg,
+                crowded,
             )?)
         } else {
             None
@@ -353,6 +358,7 @@ impl Communicator {
         rail
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn setup_shm(
         store: &StoreClient,
         comm: u64,
@@ -361,6 +367,7 @@ impl Communicator {
         me: usize,
         host_id: &str,
         cfg: &Config,
+        crowded: Option<(usize, u32)>,
     ) -> Result<Arc<Node>> {
         let key = format!("{:x}", fnv(&[host_id.as_bytes()]));
         let path = segment_path(job, comm, &key);
@@ -392,7 +399,13 @@ impl Communicator {
             let _ = std::fs::remove_file(&path);
         }
         if local.len() > 1 {
-            Self::agree_single_copy(store, &format!("c{comm:x}/shm-read/{key}"), &node, cfg)?;
+            Self::agree_single_copy(
+                store,
+                &format!("c{comm:x}/shm-read/{key}"),
+                &node,
+                cfg,
+                crowded,
+            )?;
         }
         Ok(node)
     }
@@ -402,16 +415,25 @@ impl Communicator {
     /// forbid it): each publishes where its probe token lives, reads every peer's, and
     /// publishes its verdict; the fabric copies once only when every verdict is yes, so all
     /// local ranks take the same path. A rank told `RAILRING_SHM_SINGLE_COPY=off` still takes
-    /// part (it says no), so ranks started with different settings agree too.
-    fn agree_single_copy(store: &StoreClient, base: &str, node: &Node, cfg: &Config) -> Result<()> {
+    /// part (it says no), so ranks started with different settings agree too. All-to-all reads
+    /// directly only when the node is not `crowded` (more ranks on its kernel than CPUs, as
+    /// published) or every rank was told `on` (`fabric::SINGLE_COPY_ALLTOALL_MIN`).
+    fn agree_single_copy(
+        store: &StoreClient,
+        base: &str,
+        node: &Node,
+        cfg: &Config,
+        crowded: Option<(usize, u32)>,
+    ) -> Result<()> {
         let (l, me) = (node.geo.local_size, node.me);
         let (pid, addr, token) = node.probe();
         store.set(
             &format!("{base}/probe/{me}"),
             format!("{pid} {addr:x} {token:x}").as_bytes(),
         )?;
-        let mut ok = cfg.shm_single_copy;
-        for j in (0..l).filter(|&j| j != me && cfg.shm_single_copy) {
+        let wanted = cfg.shm_single_copy != SingleCopy::Off;
+        let mut ok = wanted;
+        for j in (0..l).filter(|&j| j != me && wanted) {
             let v = store.get(&format!("{base}/probe/{j}"), cfg.timeout)?;
             let v = String::from_utf8_lossy(&v);
             let mut w = v.split_whitespace();
@@ -423,19 +445,49 @@ impl Communicator {
             })();
             ok &= probe.is_some_and(|p| node.can_read(j, p));
         }
-        store.set(&format!("{base}/ok/{me}"), if ok { b"1" } else { b"0" })?;
-        let mut all = ok;
+        // the verdict: 0 no, 1 yes, 2 yes and told `on`; the node goes by the least
+        let verdict = match (ok, cfg.shm_single_copy) {
+            (false, _) => 0u8,
+            (true, SingleCopy::On) => 2,
+            (true, _) => 1,
+        };
+        store.set(&format!("{base}/ok/{me}"), &[b'0' + verdict])?;
+        let mut least = verdict;
         for j in (0..l).filter(|&j| j != me) {
-            all &= store.get(&format!("{base}/ok/{j}"), cfg.timeout)? == b"1";
+            let v = match store
+                .get(&format!("{base}/ok/{j}"), cfg.timeout)?
+                .as_slice()
+            {
+                b"2" => 2,
+                b"1" => 1,
+                _ => 0,
+            };
+            least = least.min(v);
         }
-        node.set_single_copy(all);
+        let all = least > 0;
+        let staged_alltoall = crowded.filter(|_| least < 2);
+        node.set_single_copy(
+            all,
+            if staged_alltoall.is_some() {
+                usize::MAX
+            } else {
+                crate::transport::shm::SINGLE_COPY_ALLTOALL_MIN
+            },
+        );
+        let crowd;
         tracing::info!(
             target: "railring::init",
             rank = node.ranks[me],
             "in-node single-copy reads (process_vm_readv): {}",
-            if all {
+            if let (true, Some((n, c))) = (all, staged_alltoall) {
+                crowd = format!(
+                    "on, all-to-all staged ({n} ranks share {c} CPUs here; \
+                     RAILRING_SHM_SINGLE_COPY=on reads its blocks directly)"
+                );
+                crowd.as_str()
+            } else if all {
                 "on"
-            } else if !cfg.shm_single_copy {
+            } else if !wanted {
                 "off (RAILRING_SHM_SINGLE_COPY=off)"
             } else if ok {
                 "off (a peer cannot read its peers' memory, or was told not to)"
@@ -549,17 +601,38 @@ fn cpus() -> u32 {
         .unwrap_or(1)
 }
 
-/// Whether some machine (kernel) runs more of these ranks than it has CPUs (as its ranks
-/// reported them; a kernel whose ranks did not report CPUs counts as not oversubscribed).
-fn any_kernel_oversubscribed(peers: &[PeerInfo]) -> bool {
+/// Per machine (kernel): how many of these ranks run there and the fewest CPUs one of them
+/// reported (ranks that did not report a kernel are left out).
+fn kernel_load(peers: &[PeerInfo]) -> std::collections::BTreeMap<&str, (usize, u32)> {
     let mut per: std::collections::BTreeMap<&str, (usize, u32)> = Default::default();
     for p in peers.iter().filter(|p| !p.kernel.is_empty()) {
         let e = per.entry(p.kernel.as_str()).or_insert((0, u32::MAX));
         e.0 += 1;
         e.1 = e.1.min(p.cpus);
     }
-    per.values()
-        .any(|&(n, c)| c > 0 && c != u32::MAX && n > c as usize)
+    per
+}
+
+/// (ranks, CPUs) of a machine that runs more ranks than it has CPUs.
+fn crowded((n, c): (usize, u32)) -> Option<(usize, u32)> {
+    (c > 0 && c != u32::MAX && n > c as usize).then_some((n, c))
+}
+
+/// Whether some machine (kernel) runs more of these ranks than it has CPUs (as its ranks
+/// reported them; a kernel whose ranks did not report CPUs counts as not oversubscribed).
+fn any_kernel_oversubscribed(peers: &[PeerInfo]) -> bool {
+    kernel_load(peers)
+        .into_values()
+        .any(|l| crowded(l).is_some())
+}
+
+/// (ranks, CPUs) of the first of `kernels` (a node's ranks' machines) that runs more of
+/// `peers` than it has CPUs: the same answer on every rank that passes the same lists.
+fn kernels_crowded(peers: &[PeerInfo], kernels: &[&str]) -> Option<(usize, u32)> {
+    let load = kernel_load(peers);
+    kernels
+        .iter()
+        .find_map(|k| load.get(k).copied().and_then(crowded))
 }
 
 /// Ranks on this kernel share its CPUs even when they are different "nodes" (network
@@ -746,5 +819,11 @@ mod kernel_tests {
         assert!(any_kernel_oversubscribed(&three));
         let unknown: Vec<PeerInfo> = (0..4).map(|r| peer(r, "k", 0)).collect();
         assert!(!any_kernel_oversubscribed(&unknown));
+        // a node's view: only its own kernels count
+        assert_eq!(kernels_crowded(&one, &["k"]), Some((4, 2)));
+        assert_eq!(kernels_crowded(&three, &["a", "a", "a"]), Some((3, 2)));
+        assert_eq!(kernels_crowded(&three, &["b", "b"]), None);
+        assert_eq!(kernels_crowded(&unknown, &["k"]), None);
+        assert_eq!(kernels_crowded(&one, &[""]), None);
     }
 }

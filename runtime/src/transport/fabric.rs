@@ -89,9 +89,4 @@ pub trait NodeFabric: Send {
     /// # Safety
     /// `call.work` valid for reads and writes, and `call.src` for reads, over every slice.
     unsafe fn node_op(&mut self, call: NodeOp<'_>) -> crate::Result<()>;
-    /// Whether large all-to-all and all-gather copy each block once (peers read
-    /// each other's buffers directly); the same answer on every local rank.
-    fn single_copy(&self) -> bool {
-        false
-    }
 }

@@ -18,6 +18,18 @@ const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// the node agreed it can ([`Node::single_copy`]); below it a system call per block and a wait
 /// per pair cost more than the second copy through a staging slot (4 ranks on 2 cores, railperf
 /// with `RAILRING_SHM_SINGLE_COPY` on and off: 16 KiB blocks 24-38 µs in place against 14).
+///
+/// Where the node's ranks outnumber its CPUs the all-to-all always stages (unless every rank
+/// was told `RAILRING_SHM_SINGLE_COPY=on`; [`Node::alltoall_single_min`]): a reader then often
+/// finds the partner whose buffer it needs descheduled, and the kernel's page-by-page copy is
+/// slower than the slots, written once and read back from the last-level cache. railperf -z 1,
+/// out of place / in place, single copy (`auto` before) against staged (`off` with
+/// `RAILRING_ALGO=two_level`), 3 launches: 4 ranks on 2 cores, 200 calls, 64 KiB blocks 93-113 /
+/// 137-145 µs against 37-46 / 32-37 (Open MPI 79-110 / 119-292), 256 KiB 223-328 / 306-1030
+/// against 152-169 / 114-124; 60 calls, 1 MiB 1859-2199 / 1289-3423 against 1559-2250 /
+/// 590-1498, 4 MiB 8829-10701 / 9268-11443 against 6897-9127 / 4792-5888. On 2 ranks (2 CPUs)
+/// the single copy stays: 1 MiB blocks out of place 119-144 µs against 252-299 (Open MPI
+/// 151-183).
 pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// All-gather reads peers' blocks directly only on two ranks, with blocks of at least this many
 /// bytes and under [`SINGLE_COPY_ALLGATHER_MAX`]. Otherwise it stages, as broadcast always does:
@@ -252,7 +264,7 @@ impl ShmFabric {
         let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
         let single = self.node.single_copy()
             && match mode {
-                NodeMode::AllToAll => largest >= SINGLE_COPY_ALLTOALL_MIN,
+                NodeMode::AllToAll => largest >= self.node.alltoall_single_min(),
                 NodeMode::AllGather => {
                     l == 2
                         && (SINGLE_COPY_ALLGATHER_MIN..SINGLE_COPY_ALLGATHER_MAX).contains(&largest)
@@ -1006,9 +1018,6 @@ impl crate::transport::NodeFabric for ShmFabric {
     }
     unsafe fn node_op(&mut self, call: NodeOp<'_>) -> Result<()> {
         self.run(call)
-    }
-    fn single_copy(&self) -> bool {
-        self.node.single_copy()
     }
 }
 

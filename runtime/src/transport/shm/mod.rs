@@ -26,14 +26,14 @@
 mod fabric;
 mod link;
 
-pub use fabric::ShmFabric;
+pub use fabric::{ShmFabric, SINGLE_COPY_ALLTOALL_MIN};
 pub use link::ShmLink;
 
 use super::DESC;
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -378,6 +378,9 @@ pub struct Node {
     /// Every local rank agreed it can read every other's memory ([`Node::peer_read`]): the
     /// fabric's large all-to-all and all-gather then copy once (see `fabric.rs`).
     single_copy: AtomicBool,
+    /// The least all-to-all block the fabric reads directly when [`Node::single_copy`]: the
+    /// same on every local rank (agreed with it).
+    alltoall_single_min: AtomicUsize,
 }
 
 impl Node {
@@ -408,6 +411,7 @@ impl Node {
             host,
             token: probe_token(),
             single_copy: AtomicBool::new(false),
+            alltoall_single_min: AtomicUsize::new(usize::MAX),
         };
         if create {
             // SAFETY: header is inside the mapping; the file was zero-filled by set_len. The
@@ -610,9 +614,17 @@ impl Node {
         r.is_ok() && got == token
     }
 
-    /// Record the node's agreement on single-copy reads (every local rank can read every other).
-    pub fn set_single_copy(&self, on: bool) {
+    /// Record the node's agreement on single-copy reads (every local rank can read every
+    /// other), and from which all-to-all block size they are used.
+    pub fn set_single_copy(&self, on: bool, alltoall_min: usize) {
+        self.alltoall_single_min
+            .store(alltoall_min, Ordering::Relaxed);
         self.single_copy.store(on, Ordering::Release);
+    }
+
+    /// The least all-to-all block read directly (see [`Node::set_single_copy`]).
+    pub fn alltoall_single_min(&self) -> usize {
+        self.alltoall_single_min.load(Ordering::Relaxed)
     }
 
     /// Did every local rank agree it can read every other's memory?
