@@ -7,8 +7,9 @@
 //! [`Executor::exchange_group`]).
 //!
 //! This is the hot path: each half's progress moves bytes with one link call per attempt and no
-//! allocation; the only allocations are per exchange (a send snapshot when regions overlap, one
-//! combined write for a small send) or per wait.
+//! allocation; a small send's combined write reuses a buffer of the thread's (`COMBINED`), and
+//! the only allocations are per exchange (a send snapshot when regions overlap, a group's
+//! halves) or per wait.
 
 use super::{Bufs, CallDesc, Executor};
 use crate::error::{Error, Result};
@@ -25,6 +26,14 @@ const GROUP_MAX: usize = 64;
 /// connection, and this side's acknowledgements to that peer travel on the same connection
 /// behind it: a peer waiting for one (its own large send to us) would wait forever.
 const GROUP_SEND_MAX: usize = 16 << 10;
+
+/// Largest send written together with its descriptor (one write, one packet on TCP).
+const COMBINED_MAX: usize = 16 << 10;
+
+thread_local! {
+    /// Buffers for combined writes, kept between exchanges (a call allocates none).
+    static COMBINED: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// The send and receive links of one step of a group.
 pub(super) type GroupLinks = (Option<*mut dyn Link>, Option<*mut dyn Link>);
@@ -90,6 +99,20 @@ struct Sender<'d> {
     done: bool,
 }
 
+impl Drop for Sender<'_> {
+    fn drop(&mut self) {
+        if let Some(v) = self.combined.take() {
+            COMBINED.with(|c| {
+                let mut c = c.borrow_mut();
+                // as many as one group's sends at most
+                if c.len() < GROUP_MAX {
+                    c.push(v);
+                }
+            });
+        }
+    }
+}
+
 impl<'d> Sender<'d> {
     /// # Safety
     /// `t.ptr` valid for reads of `t.len` bytes of kind `kind`; the link alive.
@@ -105,8 +128,11 @@ impl<'d> Sender<'d> {
                 len: n,
                 hdr: true,
                 ..
-            } if n <= 16 << 10 && kind == MemKind::Host => {
-                let mut v = Vec::with_capacity(DESC + n);
+            } if n <= COMBINED_MAX && kind == MemKind::Host => {
+                let mut v = COMBINED
+                    .with(|c| c.borrow_mut().pop())
+                    .unwrap_or_else(|| Vec::with_capacity(DESC + COMBINED_MAX));
+                v.clear();
                 v.extend_from_slice(desc);
                 v.extend_from_slice(std::slice::from_raw_parts(ptr, n));
                 Some(v)
