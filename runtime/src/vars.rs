@@ -125,7 +125,7 @@ pub const COST: &str = "RAILRING_COST";
 pub const SOCKET_IFNAME: &str = "RAILRING_SOCKET_IFNAME";
 /// Bytes of one shared-memory staging slot. Set by the user; read by `config`.
 pub const SHM_SLOT: &str = "RAILRING_SHM_SLOT";
-/// `auto` or `off`: in-node collectives reading peers' buffers directly (`process_vm_readv`).
+/// `auto`, `on` or `off`: in-node collectives reading peers' buffers directly (`process_vm_readv`).
 /// Set by the user; read by `config`, used by `comm::setup` and `transport::shm`.
 pub const SHM_SINGLE_COPY: &str = "RAILRING_SHM_SINGLE_COPY";
 /// Bytes per pipelined chunk on network links. Set by the user; read by `config`.

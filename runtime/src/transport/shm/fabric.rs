@@ -31,6 +31,13 @@ const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// the single copy stays: 1 MiB blocks out of place 119-144 µs against 252-299 (Open MPI
 /// 151-183).
 pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
+/// ...and blocks under this many bytes: larger ones stage on any node. 2 ranks, railperf -z 1,
+/// 40 calls, 3 launches, out of place / in place, single copy against staged: 4 MiB blocks
+/// 1249-1437 / 714-862 µs against 1361-1408 / 235-401 (Open MPI 1628-1708 / 738-952), 8 MiB
+/// 2748-3840 / 3087-3328 against 2871-3467 / 566-570, 16 MiB 6838-6898 / 6118-6456 against
+/// 4851-4940 / 2130-2143 (a third launch of the staged path ran in a slow spell of the host);
+/// 2 MiB blocks 258-303 / 207-1556 against 290-464 / 112-133.
+pub const SINGLE_COPY_ALLTOALL_MAX: usize = 4 << 20;
 /// All-gather reads peers' blocks directly only on two ranks, with blocks of at least this many
 /// bytes and under [`SINGLE_COPY_ALLGATHER_MAX`]. Otherwise it stages, as broadcast always does:
 /// the readers all read the same blocks, which a slot serves from the last-level cache, where
@@ -264,7 +271,9 @@ impl ShmFabric {
         let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
         let single = self.node.single_copy()
             && match mode {
-                NodeMode::AllToAll => largest >= self.node.alltoall_single_min(),
+                NodeMode::AllToAll => {
+                    (self.node.alltoall_single_min()..SINGLE_COPY_ALLTOALL_MAX).contains(&largest)
+                }
                 NodeMode::AllGather => {
                     l == 2
                         && (SINGLE_COPY_ALLGATHER_MIN..SINGLE_COPY_ALLGATHER_MAX).contains(&largest)
