@@ -180,10 +180,10 @@ pub fn log_color() -> Result<bool> {
 pub enum SingleCopy {
     /// Never: always stage.
     Off,
-    /// Where it measured faster: all-to-all blocks of at least 32 KiB, or 512 KiB when the
-    /// node's ranks outnumber its CPUs (see `transport::shm::fabric`).
+    /// Where it measured faster: all-to-all blocks of 32 KiB to 4 MiB, except where the node's
+    /// ranks outnumber its CPUs (see `transport::shm::fabric`).
     Auto,
-    /// All-to-all blocks of at least 32 KiB even when ranks outnumber CPUs.
+    /// All-to-all blocks of 32 KiB to 4 MiB even when ranks outnumber CPUs.
     On,
 }
 
