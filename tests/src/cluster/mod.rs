@@ -130,6 +130,35 @@ fn resolve_tcp_cc(asked: Option<&str>, available: &str) -> Result<Option<String>
     }
 }
 
+/// A namespace other than the root one may only make an algorithm its default when the kernel
+/// lists it in `tcp_allowed_congestion_control` (the write fails with EPERM, which a shell shows
+/// as "I/O error"); kernels whose default is BBR may list only `reno bbr`. Adds `cc` to that
+/// machine-wide list when it is missing: it only widens what sockets may pick.
+fn allow_tcp_cc(cc: &str) -> Result<(), String> {
+    const ALLOWED: &str = "/proc/sys/net/ipv4/tcp_allowed_congestion_control";
+    let now = fs::read_to_string(ALLOWED).unwrap_or_default();
+    match allowed_with(&now, cc) {
+        None => Ok(()),
+        Some(list) => fs::write(ALLOWED, &list).map_err(|e| {
+            format!(
+                "the hosts' TCP congestion control {cc:?} is not in {ALLOWED} ({}), and adding \
+                 it failed: {e}; run as root, or pass --tcp-cc inherit",
+                now.trim()
+            )
+        }),
+    }
+}
+
+/// `allowed` (as in `tcp_allowed_congestion_control`) with `cc` added, or `None` when it is there.
+fn allowed_with(allowed: &str, cc: &str) -> Option<String> {
+    let mut names: Vec<&str> = allowed.split_whitespace().collect();
+    if names.contains(&cc) {
+        return None;
+    }
+    names.push(cc);
+    Some(names.join(" "))
+}
+
 #[derive(Clone, Debug)]
 struct Host {
     name: String,
@@ -255,6 +284,9 @@ impl Cluster {
             &fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
                 .unwrap_or_default(),
         )?;
+        if let Some(cc) = &tcp_cc {
+            allow_tcp_cc(cc)?;
+        }
 
         if let Err(e) = gc_stale() {
             eprintln!("emucluster: warning: garbage-collecting stale clusters: {e}");
@@ -466,5 +498,7 @@ mod tests {
         );
         // a name is matched whole, never as a part of another
         assert!(resolve_tcp_cc(Some("cub"), avail).is_err());
+        assert_eq!(allowed_with("reno bbr\n", "cubic"), Some("reno bbr cubic".into()));
+        assert_eq!(allowed_with("reno cubic", "cubic"), None);
     }
 }
