@@ -61,9 +61,15 @@ use std::time::{Duration, Instant};
 /// finished at once; a longer one waits for acknowledgements.
 pub const RETAIN_TAIL: usize = 64 << 10;
 /// A lazy acknowledgement goes out when the receiver waits once it covers this much.
-const ACK_IDLE: usize = RETAIN_MAX / 4;
-/// Most bytes one link keeps copied for resending.
-const RETAIN_MAX: usize = 1 << 20;
+const ACK_IDLE: usize = 256 << 10;
+/// Most bytes one link keeps copied for resending: how far a stream of small one-way sends runs
+/// ahead of its receiver before it waits for acknowledgements — about what the kernel itself
+/// buffers on such a connection (an autotuned send buffer grows to 4 MiB, `tcp_wmem`), as a
+/// peer library's eager sends get.
+const RETAIN_MAX: usize = 8 << 20;
+/// Capacity the copy keeps once everything in it is acknowledged; a burst's larger buffer is
+/// given back.
+const RETAIN_KEEP: usize = 1 << 20;
 /// Frames at most this long go out with their header in one write.
 const SMALL: usize = 16 << 10;
 const IBUF: usize = 4096;

@@ -337,6 +337,7 @@ impl LinkState {
     pub(super) fn drop_acked(&mut self) {
         if self.acked >= self.ret_end() {
             self.ret.clear();
+            self.ret.shrink_to(RETAIN_KEEP);
             self.ret_head = 0;
             self.ret_start = self.acked;
         } else if self.acked > self.ret_start {
