@@ -38,19 +38,21 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// 4851-4940 / 2130-2143 (a third launch of the staged path ran in a slow spell of the host);
 /// 2 MiB blocks 258-303 / 207-1556 against 290-464 / 112-133.
 pub const SINGLE_COPY_ALLTOALL_MAX: usize = 4 << 20;
-/// All-gather reads peers' blocks directly only on two ranks, with blocks of at least this many
-/// bytes and under [`SINGLE_COPY_ALLGATHER_MAX`]. Otherwise it stages, as broadcast always does:
-/// the readers all read the same blocks, which a slot serves from the last-level cache, where
-/// single-copy readers each walk the owner's pages (`process_vm_readv`). Measured with railperf
-/// -z 1, `RAILRING_SHM_SINGLE_COPY` auto against off, all-gather out of place / in place: 4
-/// ranks 256 KiB 84-99 / 72-107 µs against 46-60 / 31-48, 16 MiB 7.4-8.3 / 6.5-7.5 ms against
-/// 4.4-4.5 / 3.6-3.7; 3 ranks 192 KiB 67-75 / 62-79 µs against 36-56 / 27-49, 12 MiB 4.1-4.6 /
-/// 3.2-3.6 ms against 2.6-2.8 / 2.3; 2 ranks 128 KiB 9-12 / 8-11 µs against 9-17 / 6-15, 512
-/// KiB 31-37 / 29-33 against 26-30 / 20-25, 2 MiB 136-147 / 113-118 against 104-105 / 70-72.
-/// (Broadcast, 4 MiB on 4 ranks in place: 583 µs staged against 1148.)
-pub const SINGLE_COPY_ALLGATHER_MIN: usize = 64 << 10;
-/// See [`SINGLE_COPY_ALLGATHER_MIN`].
-pub const SINGLE_COPY_ALLGATHER_MAX: usize = 256 << 10;
+/// All-gather and broadcast read the peer's block directly only on two ranks, with blocks of at
+/// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`]. Otherwise they stage: the readers
+/// all read the same blocks, which a slot serves from the last-level cache, where single-copy
+/// readers each walk the owner's pages (`process_vm_readv`). Measured with railperf -z 1,
+/// `RAILRING_SHM_SINGLE_COPY` auto against off, all-gather out of place / in place: 4 ranks 256
+/// KiB 84-99 / 72-107 µs against 46-60 / 31-48, 16 MiB 7.4-8.3 / 6.5-7.5 ms against 4.4-4.5 /
+/// 3.6-3.7; 3 ranks 192 KiB 67-75 / 62-79 µs against 36-56 / 27-49, 12 MiB 4.1-4.6 / 3.2-3.6 ms
+/// against 2.6-2.8 / 2.3; 2 ranks 128 KiB 9-12 / 8-11 µs against 9-17 / 6-15, 512 KiB 31-37 /
+/// 29-33 against 26-30 / 20-25, 2 MiB 136-147 / 113-118 against 104-105 / 70-72. Broadcast on 2
+/// ranks (6 launches each, single copy against staged): 64 KiB 6.7-9.3 / 6.4-10.3 µs against
+/// 9.3-10.9 / 7.6-11.2, 128 KiB 10.9-14.2 / 10.9-14.4 against 16.3-19.4 / 13.1-16.8, 256 KiB
+/// 26-57 / 21-30 against 28-37 / 17-28; on 4 ranks at 4 MiB in place 1148 µs against 583.
+pub const SINGLE_COPY_PAIR_MIN: usize = 64 << 10;
+/// See [`SINGLE_COPY_PAIR_MIN`].
+pub const SINGLE_COPY_PAIR_MAX: usize = 256 << 10;
 /// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
 /// returns, every other rank copies from it.
 const SMALL_BROADCAST: usize = 32 << 10;
@@ -274,9 +276,8 @@ impl ShmFabric {
                 NodeMode::AllToAll => {
                     (self.node.alltoall_single_min()..SINGLE_COPY_ALLTOALL_MAX).contains(&largest)
                 }
-                NodeMode::AllGather => {
-                    l == 2
-                        && (SINGLE_COPY_ALLGATHER_MIN..SINGLE_COPY_ALLGATHER_MAX).contains(&largest)
+                NodeMode::AllGather | NodeMode::Broadcast { .. } => {
+                    l == 2 && (SINGLE_COPY_PAIR_MIN..SINGLE_COPY_PAIR_MAX).contains(&largest)
                 }
                 _ => false,
             };
@@ -448,14 +449,14 @@ impl ShmFabric {
         Ok(())
     }
 
-    /// All-to-all or all-gather in one generation, each block copied once: every rank
+    /// All-to-all, all-gather or broadcast in one generation, each block copied once: every rank
     /// publishes where its input is (in its slot's header line, beside the generation), then
     /// reads what it needs straight from the peers' buffers (`process_vm_readv`). The node
     /// agreed beforehand that every rank can read every other ([`Node::single_copy`]), and the
     /// choice depends only on the call's shape, so all local ranks take this path together.
     /// All-gather: each rank then says it is done and returns once every peer is, since they
     /// read its buffer. All-to-all goes pairwise ([`Self::pairwise_all_to_all`]), which also
-    /// works in place.
+    /// works in place; broadcast: [`Self::single_copy_broadcast`].
     unsafe fn single_copy(&mut self, call: &NodeOp<'_>) -> Result<()> {
         let &NodeOp {
             mode,
@@ -477,6 +478,9 @@ impl ShmFabric {
         self.publish_desc(g, desc, false);
         self.node.ready(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
+        if let NodeMode::Broadcast { root } = mode {
+            return self.single_copy_broadcast(g, root, input, work, slices[0], desc, describe);
+        }
         // Out of place, this rank's own block is copied while the peers publish theirs: peers
         // read the input, never `work`, so the copy needs no one.
         if !std::ptr::eq(input, work) {
@@ -504,6 +508,46 @@ impl ShmFabric {
             g,
             |j| self.node.reduced(j),
         )?;
+        Ok(())
+    }
+
+    /// The single-copy broadcast of generation `g` (this rank's input address is published):
+    /// every other rank reads the root's block `(o, n)` straight into its `work` and says so;
+    /// the root copies its own block out of place meanwhile and returns once every peer read it.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn single_copy_broadcast(
+        &mut self,
+        g: u64,
+        root: usize,
+        input: *const u8,
+        work: *mut u8,
+        (o, n): (usize, usize),
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        let me = self.node.me;
+        if me == root {
+            if !std::ptr::eq(input, work) {
+                std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+            }
+            self.node.reduced(me).store(g, Ordering::Relaxed);
+            self.wait_all(
+                "broadcast (waiting for peers to read the root's block)",
+                g,
+                |j| self.node.reduced(j),
+            )?;
+            return Ok(());
+        }
+        self.wait_peer(
+            "broadcast (waiting for the root's buffer)",
+            root,
+            g,
+            self.node.ready(root),
+        )?;
+        self.check_desc_of(root, g, desc, describe)?;
+        self.read_peer(root, g, work.add(o), o, n)?;
+        self.node.reduced(me).store(g, Ordering::SeqCst);
+        self.node.ring_bell();
         Ok(())
     }
 
