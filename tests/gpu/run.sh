@@ -17,19 +17,48 @@ fi
 nvidia-smi -L
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
 
-echo "== build: cargo build --release -p railrun -p railring-examples --features railring-examples/cuda"
-t0=$(date +%s)
-if ! cargo build --release -p railrun -p railring-examples --features railring-examples/cuda \
-        --bin railrun --bin gpucheck; then
-    echo "FAIL: build"
-    exit 1
+BIN=${GPUCHECK_BIN:-}                 # a folder holding railrun and gpucheck built elsewhere
+if [ -n "$BIN" ]; then
+    # A GPU machine without a Rust toolchain: binaries built with the same command on another
+    # x86-64 Linux machine (cudarc loads libcuda and libnvrtc at run time).
+    for b in railrun gpucheck; do
+        if [ ! -x "$BIN/$b" ]; then echo "FAIL: GPUCHECK_BIN=$BIN has no executable $b"; exit 1; fi
+    done
+    echo "== prebuilt binaries from $BIN (no build)"
+    RR=$BIN/railrun
+    GC=$BIN/gpucheck
+else
+    echo "== build: cargo build --release -p railrun -p railring-examples --features railring-examples/cuda"
+    t0=$(date +%s)
+    if ! cargo build --release -p railrun -p railring-examples --features railring-examples/cuda \
+            --bin railrun --bin gpucheck; then
+        echo "FAIL: build"
+        exit 1
+    fi
+    echo "== built in $(( $(date +%s) - t0 )) s"
+    RR=target/release/railrun
+    GC=target/release/gpucheck
 fi
-echo "== built in $(( $(date +%s) - t0 )) s"
 
-RR=target/release/railrun
-GC=target/release/gpucheck
+# cudarc opens NVRTC as libnvrtc.so or libnvrtc.so.{12,11,...}: a CUDA 13 toolkit or the
+# nvidia-cuda-nvrtc wheel ships only libnvrtc.so.13 outside the loader's path. Point a private
+# libnvrtc.so at the newest one found, and put its folder (libnvrtc-builtins) on the path.
+NVRTC_LINK=$(mktemp -d)
+if ! python3 -c 'import ctypes; ctypes.CDLL("libnvrtc.so")' 2>/dev/null; then
+    lib=$(ls /usr/local/cuda/lib64/libnvrtc.so* /usr/local/cuda*/targets/*/lib/libnvrtc.so* \
+              2>/dev/null | grep -v builtins | sort -V | tail -1)
+    [ -n "$lib" ] || lib=$(find / -xdev -path /proc -prune -o -name 'libnvrtc.so*' -print \
+                               2>/dev/null | grep -v builtins | sort -V | tail -1)
+    if [ -n "$lib" ]; then
+        ln -s "$lib" "$NVRTC_LINK/libnvrtc.so"
+        export LD_LIBRARY_PATH="$NVRTC_LINK:$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "== NVRTC: $lib (as libnvrtc.so)"
+    else
+        echo "== NVRTC: none found; the kernels cannot be compiled"
+    fi
+fi
 LOG=$(mktemp -d)
-trap 'rm -rf "$LOG"' EXIT
+trap 'rm -rf "$LOG" "$NVRTC_LINK"' EXIT
 status=0
 for np in 2 4; do
     echo
@@ -41,7 +70,7 @@ for np in 2 4; do
     rc=$?
     sleep 0.2
     echo "== exit $rc after $(( $(date +%s) - t )) s"
-    grep -E "GPU in-node path|WRONG|error|panicked" "$LOG/err.$np" | sort | uniq -c | head -20
+    grep -E "GPU in-node path|WARN|WRONG|error|panicked" "$LOG/err.$np" | sort | uniq -c | head -20
     if [ "$rc" -ne 0 ]; then
         echo "FAIL: $np ranks: exit status $rc; last lines of stderr:"
         tail -30 "$LOG/err.$np"
@@ -71,7 +100,7 @@ RAILRING_DEBUG=INFO RAILRING_DEBUG_SUBSYS=init \
 rc=$?
 sleep 0.2
 echo "== exit $rc after $(( $(date +%s) - t )) s"
-grep -E "GPU collectives across|GPU in-node path|WRONG|error|panicked" "$LOG/err.nodes" | sort | uniq -c | head -20
+grep -E "GPU collectives across|GPU in-node path|WARN|WRONG|error|panicked" "$LOG/err.nodes" | sort | uniq -c | head -20
 if [ "$rc" -ne 0 ]; then
     echo "FAIL: 2 nodes x 2: exit status $rc; last lines of stderr:"
     tail -30 "$LOG/err.nodes"

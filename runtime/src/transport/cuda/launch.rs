@@ -83,7 +83,10 @@ pub fn op_kernels(
             what: "compiling reduction kernels".into(),
             err: io::Error::new(
                 io::ErrorKind::NotFound,
-                "NVRTC (libnvrtc.so) is not present: install the CUDA runtime compiler",
+                "NVRTC is not present (looked for libnvrtc.so and libnvrtc.so.12 down to .9 on the \
+                 loader's path): install the CUDA runtime compiler, or, where only libnvrtc.so.13 \
+                 exists (CUDA 13), put a link named libnvrtc.so to it in a folder on \
+                 LD_LIBRARY_PATH together with its own folder",
             ),
         });
     }
