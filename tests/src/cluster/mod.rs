@@ -498,7 +498,10 @@ mod tests {
         );
         // a name is matched whole, never as a part of another
         assert!(resolve_tcp_cc(Some("cub"), avail).is_err());
-        assert_eq!(allowed_with("reno bbr\n", "cubic"), Some("reno bbr cubic".into()));
+        assert_eq!(
+            allowed_with("reno bbr\n", "cubic"),
+            Some("reno bbr cubic".into())
+        );
         assert_eq!(allowed_with("reno cubic", "cubic"), None);
     }
 }
