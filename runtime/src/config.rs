@@ -89,6 +89,9 @@ pub struct Config {
     pub ib_gid_index: u8,
     /// `RAILRING_GPU_SLOT` (bytes; the CUDA fabric clamps it to 64 KiB..1 GiB).
     pub gpu_slot: Option<u64>,
+    /// CUDA's `CUDA_MPS_PIPE_DIRECTORY` (where an MPS control daemon listens), read so the CUDA
+    /// fabric can tell whether ranks sharing a GPU run under MPS.
+    pub mps_pipe_dir: Option<std::ffi::OsString>,
 }
 
 /// `RAILRING_NET_GDR_LEVEL` (NCCL's `NCCL_NET_GDR_LEVEL` grammar): `LOC` (never), `PIX`,
@@ -338,6 +341,7 @@ impl Config {
                 None => None,
                 Some(_) => Some(parse_num(vars::GPU_SLOT, 0, 1, 1 << 40)?),
             },
+            mps_pipe_dir: std::env::var_os("CUDA_MPS_PIPE_DIRECTORY"),
         })
     }
 }

@@ -231,6 +231,7 @@ fn ensure_state<'a>(
                 me,
                 timeout: g.world.cfg.timeout,
                 gpu_slot: g.world.cfg.gpu_slot,
+                mps_pipe_dir: g.world.cfg.mps_pipe_dir.as_deref(),
                 topo_file: g.world.cfg.topo_file.as_deref(),
             };
             match gpu_fabric(&setup, ctx) {

@@ -146,6 +146,7 @@ pub fn gpu_fabric(s: &FabricSetup<'_>, ctx: &Arc<CudaContext>) -> Result<GpuPath
     }
     log_direct_paths(
         s.topo_file,
+        s.mps_pipe_dir,
         rank,
         &my_bus,
         &access.unwrap_or_default(),
@@ -287,9 +288,11 @@ impl PeerBuffers {
     }
 }
 
-/// The INFO line saying how this rank reads each peer's buffer on the direct path.
+/// The INFO line saying how this rank reads each peer's buffer on the direct path, and the
+/// WARN line when ranks share a GPU with no MPS daemon to run them side by side.
 fn log_direct_paths(
     topo_file: Option<&std::path::Path>,
+    mps_pipe_dir: Option<&std::ffi::OsStr>,
     rank: usize,
     my_bus: &str,
     access: &[Access],
@@ -318,7 +321,7 @@ fn log_direct_paths(
         .collect();
     // One warning per GPU: from the lowest rank on it.
     if !sharing.is_empty() && sharing.iter().all(|&r| r > rank) {
-        let pipe = mps_control_pipe(std::env::var_os("CUDA_MPS_PIPE_DIRECTORY").as_deref());
+        let pipe = mps_control_pipe(mps_pipe_dir);
         if !pipe.exists() {
             tracing::warn!(target: "railring::init", rank, "ranks {rank} and {sharing:?} share GPU {my_bus} and no CUDA MPS daemon answers ({} is missing): the driver time-slices their processes, about 0.8 ms a pipeline step (2 ranks on an H200: 760 us per all-reduce up to 4 MiB, 65 us under MPS); start `nvidia-cuda-mps-control -d` before the job, or give each rank its own GPU", pipe.display());
         }

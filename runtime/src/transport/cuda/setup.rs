@@ -20,6 +20,8 @@ pub struct FabricSetup<'a> {
     pub timeout: Duration,
     /// `RAILRING_GPU_SLOT` as parsed by [`crate::config`] (`None`: unset or not a size).
     pub gpu_slot: Option<u64>,
+    /// `CUDA_MPS_PIPE_DIRECTORY` as read by [`crate::config`].
+    pub mps_pipe_dir: Option<&'a std::ffi::OsStr>,
     /// `RAILRING_TOPO_FILE`, for naming the links between GPUs in log lines.
     pub topo_file: Option<&'a std::path::Path>,
 }
