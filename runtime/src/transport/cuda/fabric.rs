@@ -323,7 +323,7 @@ fn log_direct_paths(
     if !sharing.is_empty() && sharing.iter().all(|&r| r > rank) {
         let pipe = mps_control_pipe(mps_pipe_dir);
         if !pipe.exists() {
-            tracing::warn!(target: "railring::init", rank, "ranks {rank} and {sharing:?} share GPU {my_bus} and no CUDA MPS daemon answers ({} is missing): the driver time-slices their processes, about 0.8 ms a pipeline step (2 ranks on an H200: 760 us per all-reduce up to 4 MiB, 65 us under MPS); start `nvidia-cuda-mps-control -d` before the job, or give each rank its own GPU", pipe.display());
+            tracing::warn!(target: "railring::init", rank, "ranks {rank} and {sharing:?} share GPU {my_bus} and no CUDA MPS daemon runs here (its control pipe {} is missing): the driver time-slices their processes, about 0.8 ms a pipeline step (2 ranks on an H200: 760 us per all-reduce up to 4 MiB, 65 us under MPS); start `nvidia-cuda-mps-control -d` before the job, or give each rank its own GPU", pipe.display());
         }
     }
 }
