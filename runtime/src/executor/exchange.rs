@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::transport::failover::RETAIN_TAIL;
 use crate::transport::{Backoff, Link, LinkError, MemKind, DESC};
 use railring_collectives::plan::{Step, Xfer};
-use railring_collectives::{kernels, DataType, ReduceOp};
+use railring_collectives::{kernels, CollKind, DataType, ReduceOp};
 use std::time::Duration;
 
 /// Most consecutive exchanges run as one group.
@@ -497,7 +497,13 @@ impl<'a> Executor<'a> {
         op: ReduceOp,
         what: &[u8; DESC],
     ) -> Result<()> {
-        let mut b = Backoff::new();
+        // a rank that only receives in a broadcast or a reduce holds no one up (Backoff::leaf)
+        let rooted = [CollKind::Broadcast as u8, CollKind::Reduce as u8].contains(&what[4]);
+        let mut b = if tx.is_empty() && rooted {
+            Backoff::leaf()
+        } else {
+            Backoff::new()
+        };
         loop {
             let mut progress = false;
             for s in tx.iter_mut().filter(|s| !s.done) {
@@ -695,7 +701,10 @@ unsafe fn idle(
     need: usize,
     b: &mut Backoff,
 ) {
-    if fds.len() == need && b.waited() > Duration::from_micros(50) {
+    // a drowsy leaf polls at once, and sleeps rather than park on a bell its producer would
+    // ring for every message (Backoff::leaf)
+    let drowsy = b.drowsy();
+    if fds.len() == need && (drowsy || b.waited() > Duration::from_micros(50)) {
         let mut p: Vec<libc::pollfd> = fds
             .iter()
             .map(|&(fd, ev)| libc::pollfd {
@@ -705,7 +714,7 @@ unsafe fn idle(
             })
             .collect();
         libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, 100);
-    } else if b.waited() > Duration::from_micros(20) && tx.len() <= 1 && rx.len() <= 1 {
+    } else if !drowsy && b.waited() > Duration::from_micros(20) && tx.len() <= 1 && rx.len() <= 1 {
         // A shared-memory link sleeps on its node's bell (woken by the peer's next
         // store); with a TCP link also pending, only briefly, then poll again.
         let (s_done, r_done) = (tx.iter().all(|s| s.done), rx.iter().all(|r| r.done));
