@@ -40,7 +40,7 @@ impl CallDesc {
             return None;
         }
         Some(CallDesc {
-            kind: CollKind::from_u8(b[4])?,
+            kind: CallDesc::kind_of(b)?,
             dtype: DataType::from_u8(b[5])?,
             op: ReduceOp::from_u8(b[6])?,
             seq: u64::from_le_bytes(b[8..16].try_into().ok()?),
@@ -48,6 +48,11 @@ impl CallDesc {
             root: u32::from_le_bytes(b[24..28].try_into().ok()?),
             comm: u64::from_le_bytes(b[32..40].try_into().ok()?),
         })
+    }
+
+    /// The collective an encoded descriptor names, without decoding the rest.
+    pub fn kind_of(b: &[u8; DESC]) -> Option<CollKind> {
+        CollKind::from_u8(b[4])
     }
 
     pub fn describe(&self) -> String {

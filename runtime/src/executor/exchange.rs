@@ -498,7 +498,10 @@ impl<'a> Executor<'a> {
         what: &[u8; DESC],
     ) -> Result<()> {
         // a rank that only receives in a broadcast or a reduce holds no one up (Backoff::leaf)
-        let rooted = [CollKind::Broadcast as u8, CollKind::Reduce as u8].contains(&what[4]);
+        let rooted = matches!(
+            CallDesc::kind_of(what),
+            Some(CollKind::Broadcast | CollKind::Reduce)
+        );
         let mut b = if tx.is_empty() && rooted {
             Backoff::leaf()
         } else {

@@ -106,11 +106,12 @@ pub struct ShmFabric {
     pub rank: usize,
     /// Spins, then yields, before sleeping on the bell; short when ranks outnumber CPUs.
     spin_limit: u32,
-    /// The yields of the current wait ([`Self::wait_all`]): `yield_default`, or
-    /// [`OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS`] in a large broadcast on an oversubscribed node.
+    /// The yields of the current call's waits ([`Self::wait_all`]): `yield_default`, or
+    /// `broadcast_yields` in a staged broadcast.
     yield_limit: u32,
     yield_default: u32,
-    oversubscribed: bool,
+    /// [`OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS`] on an oversubscribed node, else `yield_default`.
+    broadcast_yields: u32,
     /// The bounce buffer of an in-place single-copy all-to-all (kept between calls).
     scratch: Vec<u8>,
     /// The least `ready` generation seen on every local rank: a slot last used by a generation
@@ -143,7 +144,11 @@ impl ShmFabric {
             spin_limit,
             yield_limit,
             yield_default: yield_limit,
-            oversubscribed,
+            broadcast_yields: if oversubscribed {
+                OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS
+            } else {
+                yield_limit
+            },
             scratch: Vec::new(),
             seen: 0,
         }
@@ -355,8 +360,8 @@ impl ShmFabric {
         let max_elems = max_slice / esz;
         let cap_elems = (piece_cap / esz).max(1);
         let nchunks = max_elems.div_ceil(cap_elems).max(1);
-        if self.oversubscribed && matches!(mode, NodeMode::Broadcast { .. }) {
-            self.yield_limit = OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS;
+        if matches!(mode, NodeMode::Broadcast { .. }) {
+            self.yield_limit = self.broadcast_yields;
         }
         if mode == NodeMode::AllReduce {
             return self.allreduce_chunks(&call, src, piece_cap, nchunks, stream, root);
