@@ -28,16 +28,20 @@ const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// 137-145 µs against 37-46 / 32-37 (Open MPI 79-110 / 119-292), 256 KiB 223-328 / 306-1030
 /// against 152-169 / 114-124; 60 calls, 1 MiB 1859-2199 / 1289-3423 against 1559-2250 /
 /// 590-1498, 4 MiB 8829-10701 / 9268-11443 against 6897-9127 / 4792-5888. On 2 ranks (2 CPUs)
-/// the single copy stays: 1 MiB blocks out of place 119-144 µs against 252-299 (Open MPI
-/// 151-183).
+/// the single copy stays below [`SINGLE_COPY_ALLTOALL_MAX`].
 pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
-/// ...and blocks under this many bytes: larger ones stage on any node. 2 ranks, railperf -z 1,
-/// 40 calls, 3 launches, out of place / in place, single copy against staged: 4 MiB blocks
-/// 1249-1437 / 714-862 µs against 1361-1408 / 235-401 (Open MPI 1628-1708 / 738-952), 8 MiB
-/// 2748-3840 / 3087-3328 against 2871-3467 / 566-570, 16 MiB 6838-6898 / 6118-6456 against
-/// 4851-4940 / 2130-2143 (a third launch of the staged path ran in a slow spell of the host);
-/// 2 MiB blocks 258-303 / 207-1556 against 290-464 / 112-133.
-pub const SINGLE_COPY_ALLTOALL_MAX: usize = 4 << 20;
+/// ...and blocks under this many bytes: larger ones stage on any node. The staged all-to-all
+/// copies through slots that stay in the last-level cache, and since it does it beats the
+/// kernel's page-by-page copy from 256 KiB blocks on 2 ranks (2 CPUs), out of place and in place
+/// (where the single copy also pays a bounce buffer): railcompare -np 2 -- alltoall -b 32K -e 2M
+/// -f 8 -n 200 -w 60 -z 1, 2 ABBA rounds, `RAILRING_SHM_SINGLE_COPY` off against auto, 1 MiB
+/// blocks 104.8 / 61.1 µs against 140.1 / 166.7 (Open MPI 247.0 / 202.5 and 223.9 / 168.8 in
+/// the same runs), 128 KiB blocks 19.8 / 21.5 against 13.7 / 20.1; railperf -n 200 (calls
+/// started together), 3 launches each,
+/// 256 KiB blocks 26-32 / 21 against 38-45 / 57-70, 512 KiB 46-54 / 37-47 against 70-75 /
+/// 98-104. (Before the slots stayed cached, 1 MiB blocks out of place took 252-299 µs staged
+/// against 119-144 read directly, and the limit was 4 MiB.)
+pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 /// All-gather and broadcast read the peer's block directly only on two ranks, with blocks of at
 /// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`]. Otherwise they stage: the readers
 /// all read the same blocks, which a slot serves from the last-level cache, where single-copy
