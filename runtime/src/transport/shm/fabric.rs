@@ -37,9 +37,8 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// -f 8 -n 200 -w 60 -z 1, 2 ABBA rounds, `RAILRING_SHM_SINGLE_COPY` off against auto, 1 MiB
 /// blocks 104.8 / 61.1 µs against 140.1 / 166.7 (Open MPI 247.0 / 202.5 and 223.9 / 168.8 in
 /// the same runs), 128 KiB blocks 19.8 / 21.5 against 13.7 / 20.1; railperf -n 200 (calls
-/// started together), 3 launches each,
-/// 256 KiB blocks 26-32 / 21 against 38-45 / 57-70, 512 KiB 46-54 / 37-47 against 70-75 /
-/// 98-104. (Before the slots stayed cached, 1 MiB blocks out of place took 252-299 µs staged
+/// started together), 3 launches each, 256 KiB blocks 26-32 / 21 against 38-45 / 57-70,
+/// 512 KiB 46-54 / 37-47 against 70-75 / 98-104. (Before the slots stayed cached, 1 MiB blocks out of place took 252-299 µs staged
 /// against 119-144 read directly, and the limit was 4 MiB.)
 pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 /// All-gather and broadcast read the peer's block directly only on two ranks, with blocks of at
@@ -72,8 +71,6 @@ const SMALL_REDUCE: usize = 32 << 10;
 /// 2 launches of 1704 / 1755 and 640 / 1935 (memcpy cycles 5x: the root switched out every few
 /// microseconds), 10 yields 352-585 / 231-350 µs and no slow launch.
 const OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS: u32 = 10;
-/// A bounce buffer (in-place single-copy all-to-all) larger than this is freed after the call.
-const SCRATCH_KEEP: usize = 64 << 20;
 
 /// A 64-bit digest of a call descriptor: equal descriptors give equal digests; a difference is
 /// then confirmed on the full descriptors.
@@ -116,7 +113,8 @@ pub struct ShmFabric {
     yield_default: u32,
     /// [`OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS`] on an oversubscribed node, else `yield_default`.
     broadcast_yields: u32,
-    /// The bounce buffer of an in-place single-copy all-to-all (kept between calls).
+    /// The bounce buffer of an in-place single-copy all-to-all (kept between calls: one block,
+    /// under [`SINGLE_COPY_ALLTOALL_MAX`]).
     scratch: Vec<u8>,
     /// The least `ready` generation seen on every local rank: a slot last used by a generation
     /// below it is free ([`Self::slot_free`]).
@@ -696,9 +694,7 @@ impl ShmFabric {
                 }
             }
         }
-        if bounce.capacity() <= SCRATCH_KEEP {
-            self.scratch = bounce;
-        }
+        self.scratch = bounce;
         result
     }
 
