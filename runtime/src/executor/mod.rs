@@ -137,7 +137,7 @@ impl Bufs {
         &self,
         x: Option<&Xfer>,
         esz: usize,
-        seen: &mut HashSet<(usize, usize)>,
+        seen: &mut Seen,
     ) -> Result<Option<Transfer<*mut u8>>> {
         match x {
             Some(x) if x.region.len > 0 => {
@@ -152,6 +152,32 @@ impl Bufs {
             }
             _ => Ok(None),
         }
+    }
+}
+
+/// The (peer, channel) pairs one call has carried its descriptor on, in one direction. Most
+/// plans talk to a handful: those sit in a list on the stack, searched in order (no allocation
+/// or hashing per call on the small-message path); a hash set takes the rest (all-to-all over
+/// many ranks).
+#[derive(Default)]
+struct Seen {
+    few: [(usize, usize); 8],
+    n: usize,
+    more: HashSet<(usize, usize)>,
+}
+
+impl Seen {
+    /// Add `k`; true when it was not there before.
+    fn insert(&mut self, k: (usize, usize)) -> bool {
+        if self.few[..self.n].contains(&k) {
+            return false;
+        }
+        if self.n < self.few.len() {
+            self.few[self.n] = k;
+            self.n += 1;
+            return true;
+        }
+        self.more.insert(k)
     }
 }
 
@@ -221,8 +247,8 @@ impl<'a> Executor<'a> {
     ) -> Result<()> {
         let dtype = desc.dtype;
         let esz = dtype.size();
-        let mut hdr_sent: HashSet<(usize, usize)> = HashSet::new();
-        let mut hdr_recv: HashSet<(usize, usize)> = HashSet::new();
+        let mut hdr_sent = Seen::default();
+        let mut hdr_recv = Seen::default();
         let d = desc.encode();
         let call = StepCall {
             desc: &d,
@@ -635,5 +661,25 @@ impl<'a> Executor<'a> {
             dtype,
             op: ReduceOp::Sum,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    #[test]
+    fn seen_reports_each_pair_once_past_its_inline_list() {
+        let mut s = Seen::default();
+        let pairs: Vec<(usize, usize)> = (0..20).map(|i| (i % 10, i / 10)).collect();
+        for &p in &pairs {
+            assert!(s.insert(p), "{p:?} is new");
+        }
+        for &p in pairs.iter().rev() {
+            assert!(!s.insert(p), "{p:?} was seen");
+        }
+        assert!(s.insert((10, 0)));
+        assert_eq!(s.n, 8);
+        assert_eq!(s.more.len(), 13);
     }
 }

@@ -260,7 +260,9 @@ pub fn oversubscribed() -> bool {
 /// an oversubscribed run into a crawl.
 pub struct Backoff {
     n: u32,
-    start: Instant,
+    /// When the wait began: read at the first snooze, not at each progress, so a wait that
+    /// keeps finding work costs no clock read.
+    start: Option<Instant>,
     /// Yields before sleeping when ranks outnumber CPUs ([`Self::leaf`]: a few).
     yields: u32,
 }
@@ -280,7 +282,7 @@ impl Backoff {
     pub fn new() -> Backoff {
         Backoff {
             n: 0,
-            start: Instant::now(),
+            start: None,
             yields: OVERSUBSCRIBED_YIELDS,
         }
     }
@@ -304,14 +306,15 @@ impl Backoff {
     }
     pub fn reset(&mut self) {
         self.n = 0;
-        self.start = Instant::now();
+        self.start = None;
     }
-    /// Time since the last progress.
+    /// Time since the wait began (the first snooze after the last progress).
     pub fn waited(&self) -> Duration {
-        self.start.elapsed()
+        self.start.map(|t| t.elapsed()).unwrap_or_default()
     }
     pub fn snooze(&mut self) {
         self.n = self.n.saturating_add(1);
+        let start = *self.start.get_or_insert_with(Instant::now);
         if oversubscribed() {
             // another rank may need this very CPU: hand it over at once
             if self.n < self.yields {
@@ -325,7 +328,7 @@ impl Backoff {
             for _ in 0..32 {
                 std::hint::spin_loop();
             }
-        } else if self.n < 4096 && self.start.elapsed() < Duration::from_millis(2) {
+        } else if self.n < 4096 && start.elapsed() < Duration::from_millis(2) {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(if self.n < 8192 { 20 } else { 200 }));
