@@ -7,6 +7,7 @@ pub mod check;
 pub mod cost;
 pub mod dtype;
 pub mod fabric;
+pub mod fx;
 pub mod kernels;
 pub mod pairwise;
 pub mod plan;

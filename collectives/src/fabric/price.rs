@@ -19,10 +19,11 @@
 //! from the plans built at that size.
 
 use super::route::{flow_key, LinkClass, Routes};
-use super::schedule::{rotation, shape_count, FxMap, Round, RoundLocal, RoundXfer, Schedule};
+use super::schedule::{rotation, shape_count, Round, RoundLocal, RoundXfer, Schedule};
 use super::{Fabric, FabricError};
 use crate::build::Planner;
 use crate::cost::{CostModel, LinkCost};
+use crate::fx::FxMap;
 use crate::plan::{Algo, CollKind, Layout, Plan, Step};
 use std::collections::HashMap;
 use std::rc::Rc;

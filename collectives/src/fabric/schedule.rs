@@ -16,38 +16,9 @@
 //! class. [`rotation`] says which `rho` each algorithm's plans allow; the tests check that both
 //! give the same schedule on small fabrics.
 
+use crate::fx::FxMap;
 use crate::plan::{Algo, CollKind, Layout, Plan, Step};
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
-
-/// A fast hasher for small integer keys (FxHash's multiply-rotate): the run hashes a few
-/// million queue keys for 100 000 ranks, and SipHash's resistance to hostile keys is not needed
-/// for keys the plans make.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct Fx(u64);
-
-impl Hasher for Fx {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-    fn write_usize(&mut self, v: usize) {
-        self.write_u64(v as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A hash map with [`Fx`].
-pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+use std::collections::VecDeque;
 
 /// One transfer class of a round: every rank `m ≡ src (mod rho)` sends to `m + off (mod n)` on
 /// channel `chan`; `reduce` when the receiver combines it.

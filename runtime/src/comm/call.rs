@@ -13,9 +13,9 @@ use crate::transport::links::LinkTable;
 use crate::transport::tcp::TcpNet;
 use crate::transport::NodeFabric;
 use railring_collectives::build::build_plan;
+use railring_collectives::fx::FxMap;
 use railring_collectives::plan::{Algo, CollKind, Layout, Plan};
 use railring_collectives::{kernels, DataType, ReduceOp};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,10 +91,10 @@ pub(crate) struct Inner {
     pub(super) fabric: Option<Box<dyn NodeFabric>>,
     /// Calls made so far (the descriptor's sequence number).
     pub(super) seq: u64,
-    p2p_send: HashMap<usize, u64>,
-    p2p_recv: HashMap<usize, u64>,
-    plans: HashMap<(CollKind, Algo, usize, usize), Arc<Plan>>,
-    choices: HashMap<(CollKind, usize, usize, usize), (Algo, String)>,
+    p2p_send: FxMap<usize, u64>,
+    p2p_recv: FxMap<usize, u64>,
+    plans: FxMap<(CollKind, Algo, usize, usize), Arc<Plan>>,
+    choices: FxMap<(CollKind, usize, usize, usize), (Algo, String)>,
     pub(super) staging: Vec<u64>,
     /// Scratch kept between calls up to [`INPLACE_KEEP`] bytes: the copy an in-place all-to-all
     /// sends from, the input copy an out-of-place reduce-scatter reduces in place, a non-root's
@@ -131,10 +131,10 @@ impl Inner {
             links,
             fabric,
             seq: 0,
-            p2p_send: HashMap::new(),
-            p2p_recv: HashMap::new(),
-            plans: HashMap::new(),
-            choices: HashMap::new(),
+            p2p_send: FxMap::default(),
+            p2p_recv: FxMap::default(),
+            plans: FxMap::default(),
+            choices: FxMap::default(),
             staging: Vec::new(),
             inplace_copy: Vec::new(),
             poisoned: None,

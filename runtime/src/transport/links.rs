@@ -11,8 +11,8 @@ use crate::transport::failover::{AbortCheck, RailCtx, RailLink};
 use crate::transport::shm::{Node, ShmLink};
 use crate::transport::tcp::{RailAddr, TcpNet};
 use crate::transport::{Link, LinkId};
+use railring_collectives::fx::FxMap;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,10 +71,10 @@ pub struct LinkTable {
     rail_timeout: Duration,
     /// TCP connections per peer and channel (`RAILRING_NET_STREAMS`).
     streams: usize,
-    map: HashMap<(usize, usize), Box<dyn Link>>,
+    map: FxMap<(usize, usize), Box<dyn Link>>,
     node: Option<Arc<Node>>,
     /// comm rank → local index on this node (only for ranks on this node)
-    local_index: HashMap<usize, usize>,
+    local_index: FxMap<usize, usize>,
     net: Option<Arc<TcpNet>>,
     peers: Arc<Vec<PeerInfo>>,
     store: Option<Arc<StoreClient>>,
@@ -252,7 +252,7 @@ impl LinkTable {
                 Some(n),
                 local.iter().enumerate().map(|(i, &r)| (r, i)).collect(),
             ),
-            None => (None, HashMap::new()),
+            None => (None, FxMap::default()),
         };
         LinkTable {
             me,
@@ -263,7 +263,7 @@ impl LinkTable {
             connect_timeout: cfg.connect_timeout,
             rail_timeout: cfg.rail_timeout,
             streams: cfg.net_streams,
-            map: HashMap::new(),
+            map: FxMap::default(),
             node,
             local_index,
             net,
