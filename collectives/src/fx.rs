@@ -1,6 +1,6 @@
-//! [`FxMap`]: hash maps keyed by small integers that the library itself makes.
+//! [`FxMap`] and [`FxSet`]: hash maps and sets keyed by small integers that the library itself makes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A fast hasher for small integer keys (FxHash's multiply-rotate): the fabric schedule hashes a
@@ -32,3 +32,6 @@ impl Hasher for Fx {
 
 /// A hash map with [`Fx`].
 pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
+
+/// A hash set with [`Fx`] (made without reading any random keys).
+pub type FxSet<K> = HashSet<K, BuildHasherDefault<Fx>>;

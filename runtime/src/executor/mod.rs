@@ -27,9 +27,9 @@ pub use direct::DirectNode;
 use crate::error::{Error, Result};
 use crate::transport::{DataMem, Link, LinkError, NodeFabric, NodeMode, NodeOp, DESC};
 use exchange::{ExchangeOp, Transfer};
+use railring_collectives::fx::FxSet;
 use railring_collectives::plan::{Buf, Plan, Region, Step, Xfer};
 use railring_collectives::{CollKind, DataType, ReduceOp};
-use std::collections::HashSet;
 use std::time::Duration;
 
 pub use crate::transport::links::{Links, DEVICE_CHAN, P2P_CHAN};
@@ -157,13 +157,13 @@ impl Bufs {
 
 /// The (peer, channel) pairs one call has carried its descriptor on, in one direction. Most
 /// plans talk to a handful: those sit in a list on the stack, searched in order (no allocation
-/// or hashing per call on the small-message path); a hash set takes the rest (all-to-all over
+/// or hashing per call on the small-message path); an Fx hash set takes the rest (all-to-all over
 /// many ranks).
 #[derive(Default)]
 struct Seen {
     few: [(usize, usize); 8],
     n: usize,
-    more: HashSet<(usize, usize)>,
+    more: FxSet<(usize, usize)>,
 }
 
 impl Seen {
