@@ -372,10 +372,14 @@ impl ShmFabric {
         // its own result in the same pass (`kernels::copy_twice`: the input read once): on a
         // node with more ranks than CPUs its CPU carries the staging, its own copy and a
         // neighbour's copy-out, the critical path. The first chunk is staged alone, so the
-        // peers start copying sooner. railperf broadcast 2 MiB -n 200 -z 1, 4 ranks on 2 CPUs,
-        // 8 launches each interleaved, out of place median (range): 351 (336-469) µs against
-        // 363-388 (350-1059) with the root copying each staged chunk after publishing it.
-        let fused = |c: usize| c > 0 && !std::ptr::eq(src, work);
+        // peers start copying sooner. railperf broadcast 2 MiB -n 200 -w 60 -z 1, 4 ranks on 2
+        // CPUs, medians (ranges) of 8 launches out of place: 351 (336-469) µs; with the root
+        // copying each staged chunk after publishing it, 381 (350-1059) and 388 (363-474) in
+        // two such series. (Peers writing half of the root's output for it, process_vm_writev:
+        // slower, 395-418 µs against 343-355.) Not from STREAM_MIN on: 16 MiB out of place
+        // took 4527 / 4497 µs fused against 2825 / 3735 copied after publishing (2 / 4 ranks,
+        // -n 20, medians of 3 / 2 launches).
+        let fused = |c: usize| c > 0 && !std::ptr::eq(src, work) && !stream;
         for c in 0..nchunks {
             self.gen += 1;
             let g = self.gen;
