@@ -424,7 +424,8 @@ impl ShmFabric {
             self.node.ready(me).store(g, Ordering::SeqCst);
             self.node.ring_bell();
             if let NodeMode::Broadcast { root } = mode {
-                // out of place, the root's own result of the first chunk: the chunk it just
+                // out of place, the root's own result where it was not written with the
+                // staging (the first chunk; every chunk from STREAM_MIN): the chunk it just
                 // staged (cached), copied while the peers copy it out
                 if me == root && !std::ptr::eq(src, work) && !fused(c) {
                     let (o, n) = piece(0);
