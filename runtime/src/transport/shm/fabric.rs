@@ -56,6 +56,14 @@ pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 pub const SINGLE_COPY_PAIR_MIN: usize = 64 << 10;
 /// See [`SINGLE_COPY_PAIR_MIN`].
 pub const SINGLE_COPY_PAIR_MAX: usize = 256 << 10;
+/// A two-rank broadcast reads the root's block directly up to this many bytes (from
+/// [`SINGLE_COPY_PAIR_MIN`]): at 256 KiB the one copy beat staging's two, which also fell into
+/// spells 4-5x slower on this VM. railperf broadcast -b 256K -e 1M -f 2 -n 400 -w 40 -z 1,
+/// interleaved launches, out of place / in place µs medians (ranges): 256 KiB 21.2 / 20.4
+/// (20-23 / 20-22) against 123.5 / 117.2 (115-124 / 108-134) staged in a slow spell and 30.1 /
+/// 22.5 (28-30 / 22-28) outside one (Open MPI 52.3 / 22.9); 512 KiB 40.8 / 40.3 against 53 / 19
+/// staged outside a spell, so larger blocks stage.
+pub const SINGLE_COPY_BROADCAST_MAX: usize = 512 << 10;
 /// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
 /// returns, every other rank copies from it.
 const SMALL_BROADCAST: usize = 32 << 10;
@@ -299,8 +307,11 @@ impl ShmFabric {
                 NodeMode::AllToAll => {
                     (self.node.alltoall_single_min()..SINGLE_COPY_ALLTOALL_MAX).contains(&largest)
                 }
-                NodeMode::AllGather | NodeMode::Broadcast { .. } => {
+                NodeMode::AllGather => {
                     l == 2 && (SINGLE_COPY_PAIR_MIN..SINGLE_COPY_PAIR_MAX).contains(&largest)
+                }
+                NodeMode::Broadcast { .. } => {
+                    l == 2 && (SINGLE_COPY_PAIR_MIN..SINGLE_COPY_BROADCAST_MAX).contains(&largest)
                 }
                 _ => false,
             };
