@@ -56,14 +56,16 @@ pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 pub const SINGLE_COPY_PAIR_MIN: usize = 64 << 10;
 /// See [`SINGLE_COPY_PAIR_MIN`].
 pub const SINGLE_COPY_PAIR_MAX: usize = 256 << 10;
-/// A two-rank broadcast reads the root's block directly up to this many bytes (from
-/// [`SINGLE_COPY_PAIR_MIN`]): at 256 KiB the one copy beat staging's two, which also fell into
-/// spells 4-5x slower on this VM. railperf broadcast -b 256K -e 1M -f 2 -n 400 -w 40 -z 1,
-/// interleaved launches, out of place / in place µs medians (ranges): 256 KiB 21.2 / 20.4
-/// (20-23 / 20-22) against 123.5 / 117.2 (115-124 / 108-134) staged in a slow spell and 30.1 /
-/// 22.5 (28-30 / 22-28) outside one (Open MPI 52.3 / 22.9); 512 KiB 40.8 / 40.3 against 53 / 19
-/// staged outside a spell, so larger blocks stage.
-pub const SINGLE_COPY_BROADCAST_MAX: usize = 512 << 10;
+/// A two-rank broadcast reads the root's block directly under this many bytes (from
+/// [`SINGLE_COPY_PAIR_MIN`]; in place the root writes half of it, see
+/// `ShmFabric::single_copy_broadcast`): one copy against staging's two, and staging fell into
+/// spells 4-5x slower on this VM. railperf broadcast -n 400 -w 40 -z 1 (-n 200 from 512 KiB), 2
+/// ranks, interleaved launches, out of place / in place µs medians (ranges): 256 KiB read
+/// whole 21.2 / 20.4 (20-23 / 20-22) against 123.5 / 117.2 staged in a slow spell and 30.1 /
+/// 22.5 (28-30 / 22-28) outside one (Open MPI 52.3 / 22.9); 512 KiB with the halves 39.8 / 20.1
+/// (39-40 / 20-21) against 54.7 / 18.6 staged (one launch in 6: 247 / 214); 1 MiB 78.5 / 41.3
+/// against 80.7 / 30.0 and 2 MiB 155 / 81 against 137 / 55, so from 1 MiB the block stages.
+pub const SINGLE_COPY_BROADCAST_MAX: usize = 1 << 20;
 /// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
 /// returns, every other rank copies from it.
 const SMALL_BROADCAST: usize = 32 << 10;
@@ -528,6 +530,18 @@ impl ShmFabric {
         let addr =
             |j: usize| -> &AtomicU64 { &*(self.node.line(j, g).add(16) as *const AtomicU64) };
         addr(me).store(input as u64, Ordering::Relaxed);
+        // a broadcast's peers also publish where their result goes, and the root how much of
+        // it it writes there ([`Self::single_copy_broadcast`])
+        let line = self.node.line(me, g);
+        (*(line.add(24) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
+        if let NodeMode::Broadcast { root } = mode {
+            let split = if me == root && l == 2 && std::ptr::eq(input, work) {
+                (slices[0].1 / 2) & !63
+            } else {
+                0
+            };
+            (*(line.add(32) as *const AtomicU64)).store(split as u64, Ordering::Relaxed);
+        }
         self.publish_desc(g, desc, false);
         self.node.ready(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
@@ -564,9 +578,16 @@ impl ShmFabric {
         Ok(())
     }
 
-    /// The single-copy broadcast of generation `g` (this rank's input address is published):
-    /// every other rank reads the root's block `(o, n)` straight into its `work` and says so;
-    /// the root copies its own block out of place meanwhile and returns once every peer read it.
+    /// The single-copy broadcast of generation `g` (this rank's input and result addresses
+    /// are published): every other rank reads the root's block `(o, n)` straight into its
+    /// `work` and says so; the root copies its own block out of place meanwhile and returns
+    /// once every peer read it. In place on two ranks the root has nothing of its own to copy,
+    /// so it writes the first half of the block into its peer's result (`process_vm_writev`)
+    /// while the peer reads the second, and the peer returns once the root says it wrote:
+    /// both CPUs copy. railperf broadcast -b 64K -e 256K -f 2 -n 400 -w 40 -z 1, 2 ranks,
+    /// interleaved launches, in place µs medians (ranges), the root's block read whole against
+    /// in halves: 64 KiB 6.9 (6-8) against 4.8 (4-5), 128 KiB 11.5 (11-13) against 6.7 (6-8),
+    /// 256 KiB 20.8 (20-22) against 11.7 (11-13).
     #[allow(clippy::too_many_arguments)]
     unsafe fn single_copy_broadcast(
         &mut self,
@@ -579,11 +600,30 @@ impl ShmFabric {
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
         let me = self.node.me;
+        // the bytes at the block's start the root writes to its peer (published in its line)
+        let split = |j: usize| -> usize {
+            (*(self.node.line(j, g).add(32) as *const AtomicU64)).load(Ordering::Relaxed) as usize
+        };
         if me == root {
             if !std::ptr::eq(input, work) {
                 std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
             }
-            self.node.reduced(me).store(g, Ordering::Relaxed);
+            let h = split(me);
+            if h > 0 {
+                let peer = 1 - me;
+                self.wait_peer(
+                    "broadcast (waiting for the peer's buffer)",
+                    peer,
+                    g,
+                    self.node.ready(peer),
+                )?;
+                self.check_desc_of(peer, g, desc, describe)?;
+                self.peer_copy(peer, g, 24, work.add(o), o, h, true)?;
+                self.node.reduced(me).store(g, Ordering::SeqCst);
+                self.node.ring_bell();
+            } else {
+                self.node.reduced(me).store(g, Ordering::Relaxed);
+            }
             self.wait_all(
                 "broadcast (waiting for peers to read the root's block)",
                 g,
@@ -598,18 +638,43 @@ impl ShmFabric {
             self.node.ready(root),
         )?;
         self.check_desc_of(root, g, desc, describe)?;
-        self.read_peer(root, g, work.add(o), o, n)?;
+        let h = split(root).min(n);
+        self.peer_copy(root, g, 16, work.add(o + h), o + h, n - h, false)?;
         self.node.reduced(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
+        if h > 0 {
+            self.wait_peer(
+                "broadcast (waiting for the root to write its half)",
+                root,
+                g,
+                self.node.reduced(root),
+            )?;
+        }
         Ok(())
     }
 
-    /// Copy `n` bytes at offset `off` of local rank `j`'s buffer (its address published in its
-    /// header line of generation `g`) to `dst`, naming the peer on failure.
-    unsafe fn read_peer(&self, j: usize, g: u64, dst: *mut u8, off: usize, n: usize) -> Result<()> {
-        let addr = &*(self.node.line(j, g).add(16) as *const AtomicU64);
+    /// Copy `n` bytes at offset `off` of local rank `j`'s buffer to `local` (`write` false),
+    /// or from `local` to there: the buffer whose address `j` published at byte `at` of its
+    /// header line of generation `g` (16: its input; 24: its result). Names the peer on failure.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn peer_copy(
+        &self,
+        j: usize,
+        g: u64,
+        at: usize,
+        local: *mut u8,
+        off: usize,
+        n: usize,
+        write: bool,
+    ) -> Result<()> {
+        let addr = &*(self.node.line(j, g).add(at) as *const AtomicU64);
         let remote = (addr.load(Ordering::Relaxed) as usize).wrapping_add(off);
-        self.node.peer_read(j, dst, remote, n).map_err(|e| {
+        let done = if write {
+            self.node.peer_write(j, local, remote, n)
+        } else {
+            self.node.peer_read(j, local, remote, n)
+        };
+        done.map_err(|e| {
             if e.raw_os_error() == Some(libc::ESRCH) {
                 Error::PeerDead {
                     rank: self.rank,
@@ -618,14 +683,24 @@ impl ShmFabric {
                     why: "its process exited during an in-node collective".into(),
                 }
             } else {
+                let (verb, call) = if write {
+                    ("writing", "process_vm_writev")
+                } else {
+                    ("reading", "process_vm_readv")
+                };
                 Error::Plan(format!(
-                    "rank {}: reading {n} bytes of local rank {}'s buffer (process_vm_readv): \
+                    "rank {}: {verb} {n} bytes of local rank {}'s buffer ({call}): \
                      {e}; RAILRING_SHM_SINGLE_COPY=off avoids it",
                     self.rank,
                     who(&self.node, j)
                 ))
             }
         })
+    }
+
+    /// [`Self::peer_copy`] from local rank `j`'s input.
+    unsafe fn read_peer(&self, j: usize, g: u64, dst: *mut u8, off: usize, n: usize) -> Result<()> {
+        self.peer_copy(j, g, 16, dst, off, n, false)
     }
 
     /// The single-copy all-to-all of generation `g` (this rank's input address is published)

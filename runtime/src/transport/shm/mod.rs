@@ -644,19 +644,52 @@ impl Node {
         remote: usize,
         n: usize,
     ) -> std::io::Result<()> {
+        self.peer_copy(i, dst, remote, n, false)
+    }
+
+    /// Copy `n` bytes at `src` to `remote` in local rank `i`'s address space
+    /// (`process_vm_writev`: the same permission as [`Node::peer_read`]).
+    ///
+    /// # Safety
+    /// `src` valid for `n` bytes of reads; rank `i` must not touch `remote..remote + n` until
+    /// told the write is over.
+    pub unsafe fn peer_write(
+        &self,
+        i: usize,
+        src: *const u8,
+        remote: usize,
+        n: usize,
+    ) -> std::io::Result<()> {
+        self.peer_copy(i, src as *mut u8, remote, n, true)
+    }
+
+    /// [`Node::peer_read`] (`write` false) or [`Node::peer_write`], resumed after a short copy
+    /// or an interruption.
+    unsafe fn peer_copy(
+        &self,
+        i: usize,
+        local: *mut u8,
+        remote: usize,
+        n: usize,
+        write: bool,
+    ) -> std::io::Result<()> {
         let pid = self.pid(i).load(Ordering::Acquire) as libc::pid_t;
         let mut done = 0usize;
         while done < n {
-            let local = libc::iovec {
-                iov_base: dst.add(done) as *mut libc::c_void,
+            let here = libc::iovec {
+                iov_base: local.add(done) as *mut libc::c_void,
                 iov_len: n - done,
             };
             let far = libc::iovec {
                 iov_base: remote.wrapping_add(done) as *mut libc::c_void,
                 iov_len: n - done,
             };
-            // SAFETY: one local iovec inside `dst`; the kernel checks the remote one.
-            let r = libc::process_vm_readv(pid, &local, 1, &far, 1, 0);
+            // SAFETY: one local iovec inside the caller's buffer; the kernel checks the remote one.
+            let r = if write {
+                libc::process_vm_writev(pid, &here, 1, &far, 1, 0)
+            } else {
+                libc::process_vm_readv(pid, &here, 1, &far, 1, 0)
+            };
             if r < 0 {
                 let e = std::io::Error::last_os_error();
                 if e.kind() == std::io::ErrorKind::Interrupted {
@@ -667,7 +700,11 @@ impl Node {
             if r == 0 {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
-                    "process_vm_readv read nothing",
+                    if write {
+                        "process_vm_writev wrote nothing"
+                    } else {
+                        "process_vm_readv read nothing"
+                    },
                 ));
             }
             done += r as usize;
