@@ -611,13 +611,13 @@ impl ShmFabric {
             let h = split(me);
             if h > 0 {
                 let peer = 1 - me;
-                self.wait_peer(
+                self.wait_buffer(
                     "broadcast (waiting for the peer's buffer)",
                     peer,
                     g,
-                    self.node.ready(peer),
+                    desc,
+                    describe,
                 )?;
-                self.check_desc_of(peer, g, desc, describe)?;
                 self.peer_copy(peer, g, 24, work.add(o), o, h, true)?;
                 self.node.reduced(me).store(g, Ordering::SeqCst);
                 self.node.ring_bell();
@@ -631,13 +631,13 @@ impl ShmFabric {
             )?;
             return Ok(());
         }
-        self.wait_peer(
+        self.wait_buffer(
             "broadcast (waiting for the root's buffer)",
             root,
             g,
-            self.node.ready(root),
+            desc,
+            describe,
         )?;
-        self.check_desc_of(root, g, desc, describe)?;
         let h = split(root).min(n);
         self.peer_copy(root, g, 16, work.add(o + h), o + h, n - h, false)?;
         self.node.reduced(me).store(g, Ordering::SeqCst);
@@ -753,13 +753,13 @@ impl ShmFabric {
                 work.add(slices[p].0)
             };
             result = self
-                .wait_peer(
+                .wait_buffer(
                     "all-to-all (waiting for a partner's buffer)",
                     p,
                     g,
-                    self.node.ready(p),
+                    desc,
+                    describe,
                 )
-                .and_then(|_| self.check_desc_of(p, g, desc, describe))
                 .and_then(|_| self.read_peer(p, g, dst, slices[me].0, n));
             if result.is_err() {
                 break;
@@ -1164,6 +1164,20 @@ impl ShmFabric {
             self.check_desc_of(j, g, desc, describe)?;
         }
         Ok(())
+    }
+
+    /// Wait until local rank `j` published its buffers for generation `g` (a single-copy call),
+    /// then check that it is in the same call.
+    fn wait_buffer(
+        &self,
+        what: &str,
+        j: usize,
+        g: u64,
+        desc: &[u8; DESC],
+        describe: &dyn Fn(&[u8; DESC]) -> String,
+    ) -> Result<()> {
+        self.wait_peer(what, j, g, self.node.ready(j))?;
+        self.check_desc_of(j, g, desc, describe)
     }
 
     /// Compare local rank `j`'s descriptor of generation `g` with ours; fail naming both calls.
