@@ -42,7 +42,8 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// against 119-144 read directly, and the limit was 4 MiB.)
 pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 /// All-gather and broadcast read the peer's block directly only on two ranks, with blocks of at
-/// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`]. Otherwise they stage: the readers
+/// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`] (a broadcast's: under
+/// [`SINGLE_COPY_BROADCAST_MAX`]). Otherwise they stage: the readers
 /// all read the same blocks, which a slot serves from the last-level cache, where single-copy
 /// readers each walk the owner's pages (`process_vm_readv`). Measured with railperf -z 1,
 /// `RAILRING_SHM_SINGLE_COPY` auto against off, all-gather out of place / in place: 4 ranks 256
@@ -66,6 +67,12 @@ pub const SINGLE_COPY_PAIR_MAX: usize = 256 << 10;
 /// (39-40 / 20-21) against 54.7 / 18.6 staged (one launch in 6: 247 / 214); 1 MiB 78.5 / 41.3
 /// against 80.7 / 30.0 and 2 MiB 155 / 81 against 137 / 55, so from 1 MiB the block stages.
 pub const SINGLE_COPY_BROADCAST_MAX: usize = 1 << 20;
+/// Where a single-copy call publishes, in its header line, the address of its input, of its
+/// result (a broadcast's), and how many bytes at the block's start a broadcast's root writes
+/// into its peer's result ([`ShmFabric::single_copy_broadcast`]).
+const LINE_INPUT: usize = 16;
+const LINE_RESULT: usize = 24;
+const LINE_SPLIT: usize = 32;
 /// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
 /// returns, every other rank copies from it.
 const SMALL_BROADCAST: usize = 32 << 10;
@@ -527,20 +534,21 @@ impl ShmFabric {
         self.gen += 1;
         let g = self.gen;
         // (the line is free: see slot_free)
-        let addr =
-            |j: usize| -> &AtomicU64 { &*(self.node.line(j, g).add(16) as *const AtomicU64) };
+        let addr = |j: usize| -> &AtomicU64 {
+            &*(self.node.line(j, g).add(LINE_INPUT) as *const AtomicU64)
+        };
         addr(me).store(input as u64, Ordering::Relaxed);
-        // a broadcast's peers also publish where their result goes, and the root how much of
-        // it it writes there ([`Self::single_copy_broadcast`])
-        let line = self.node.line(me, g);
-        (*(line.add(24) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
+        // a broadcast also publishes where its result goes, and the root how much of the
+        // peer's it writes ([`Self::single_copy_broadcast`])
         if let NodeMode::Broadcast { root } = mode {
             let split = if me == root && l == 2 && std::ptr::eq(input, work) {
                 (slices[0].1 / 2) & !63
             } else {
                 0
             };
-            (*(line.add(32) as *const AtomicU64)).store(split as u64, Ordering::Relaxed);
+            let line = self.node.line(me, g);
+            (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
+            (*(line.add(LINE_SPLIT) as *const AtomicU64)).store(split as u64, Ordering::Relaxed);
         }
         self.publish_desc(g, desc, false);
         self.node.ready(me).store(g, Ordering::SeqCst);
@@ -602,7 +610,8 @@ impl ShmFabric {
         let me = self.node.me;
         // the bytes at the block's start the root writes to its peer (published in its line)
         let split = |j: usize| -> usize {
-            (*(self.node.line(j, g).add(32) as *const AtomicU64)).load(Ordering::Relaxed) as usize
+            (*(self.node.line(j, g).add(LINE_SPLIT) as *const AtomicU64)).load(Ordering::Relaxed)
+                as usize
         };
         if me == root {
             if !std::ptr::eq(input, work) {
@@ -618,7 +627,7 @@ impl ShmFabric {
                     desc,
                     describe,
                 )?;
-                self.peer_copy(peer, g, 24, work.add(o), o, h, true)?;
+                self.peer_copy(peer, g, LINE_RESULT, work.add(o), o, h, true)?;
                 self.node.reduced(me).store(g, Ordering::SeqCst);
                 self.node.ring_bell();
             } else {
@@ -639,7 +648,7 @@ impl ShmFabric {
             describe,
         )?;
         let h = split(root).min(n);
-        self.peer_copy(root, g, 16, work.add(o + h), o + h, n - h, false)?;
+        self.peer_copy(root, g, LINE_INPUT, work.add(o + h), o + h, n - h, false)?;
         self.node.reduced(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
         if h > 0 {
@@ -655,7 +664,8 @@ impl ShmFabric {
 
     /// Copy `n` bytes at offset `off` of local rank `j`'s buffer to `local` (`write` false),
     /// or from `local` to there: the buffer whose address `j` published at byte `at` of its
-    /// header line of generation `g` (16: its input; 24: its result). Names the peer on failure.
+    /// header line of generation `g` ([`LINE_INPUT`] or [`LINE_RESULT`]). Names the peer on
+    /// failure.
     #[allow(clippy::too_many_arguments)]
     unsafe fn peer_copy(
         &self,
@@ -700,7 +710,7 @@ impl ShmFabric {
 
     /// [`Self::peer_copy`] from local rank `j`'s input.
     unsafe fn read_peer(&self, j: usize, g: u64, dst: *mut u8, off: usize, n: usize) -> Result<()> {
-        self.peer_copy(j, g, 16, dst, off, n, false)
+        self.peer_copy(j, g, LINE_INPUT, dst, off, n, false)
     }
 
     /// The single-copy all-to-all of generation `g` (this rank's input address is published)
