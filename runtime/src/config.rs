@@ -34,7 +34,8 @@ pub struct Config {
     pub algo: Option<Algo>,
     /// `RAILRING_SOCKET_IFNAME`: which interfaces carry TCP rails (NCCL grammar).
     pub socket_ifname: Option<String>,
-    /// `RAILRING_SHM_SLOT` (bytes, default 1 MiB): size of one shared-memory staging slot per rank.
+    /// `RAILRING_SHM_SLOT` (bytes, default 1 MiB): data bytes of one shared-memory staging slot
+    /// per rank (its 64-byte header line comes on top).
     pub shm_slot: usize,
     /// `RAILRING_SHM_SINGLE_COPY` (`auto` default, `on`, `off`): large in-node all-to-all and
     /// all-gather read peers' buffers directly (`process_vm_readv`, one copy instead of two

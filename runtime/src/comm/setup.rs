@@ -373,7 +373,9 @@ impl Communicator {
         let path = segment_path(job, comm, &key);
         let geo = Geometry {
             local_size: local.len(),
-            slot_bytes: (cfg.shm_slot + 63) & !63,
+            // the knob counts the data a slot holds; its header line comes on top, so the
+            // default 1 MiB slot carries a whole 1 MiB chunk (2 MiB broadcast: 2 chunks, not 3)
+            slot_bytes: ((cfg.shm_slot + 63) & !63) + crate::transport::shm::SLOT_LINE,
             ring_bytes: 256 << 10,
         };
         let rank = local[me];

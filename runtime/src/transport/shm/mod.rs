@@ -61,6 +61,9 @@ const RING_HDR: usize = 128;
 /// Header line of a staging slot: generation, descriptor digest, and a small all-reduce's data
 /// when it fits.
 const SMALL_HDR: usize = 64;
+/// Bytes a staging slot holds before its data (its header line): a slot is this plus the
+/// `RAILRING_SHM_SLOT` data bytes, so the knob's size is what one chunk carries.
+pub const SLOT_LINE: usize = SMALL_HDR;
 
 /// A mapped shared-memory segment.
 pub struct Segment {
