@@ -41,6 +41,11 @@ pub struct Config {
     /// all-gather read peers' buffers directly (`process_vm_readv`, one copy instead of two
     /// through the staging slots) when every local rank can read every other's memory.
     pub shm_single_copy: SingleCopy,
+    /// `RAILRING_SHM_SINGLE_COPY_LARGE` (`auto` default, `on`, `off`): on a node of two ranks
+    /// that reads directly, read blocks of every size directly (`on`), only up to the staged
+    /// path's crossover measured on a slow kernel copy (`off`), or as the node's measured
+    /// kernel copy says (`auto`: `transport::shm::kernel_copy_ratio`).
+    pub shm_single_copy_large: SingleCopy,
     /// `RAILRING_NET_CHUNK` (bytes, default 512 KiB): pipelining chunk on network links.
     pub net_chunk: usize,
     /// `RAILRING_CONNECT_TIMEOUT` (seconds, default 30): bootstrap and data-plane connects.
@@ -191,15 +196,16 @@ pub enum SingleCopy {
     On,
 }
 
-/// `RAILRING_SHM_SINGLE_COPY`: `auto` (default), `on` or `off`.
-fn single_copy() -> Result<SingleCopy> {
-    match var(vars::SHM_SINGLE_COPY).map(|v| v.trim().to_ascii_lowercase()) {
+/// `RAILRING_SHM_SINGLE_COPY` or `RAILRING_SHM_SINGLE_COPY_LARGE` (`name`): `auto` (default),
+/// `on` or `off`.
+fn single_copy(name: &str) -> Result<SingleCopy> {
+    match var(name).map(|v| v.trim().to_ascii_lowercase()) {
         None => Ok(SingleCopy::Auto),
         Some(v) if v == "auto" => Ok(SingleCopy::Auto),
         Some(v) if ["1", "on", "yes", "always"].contains(&v.as_str()) => Ok(SingleCopy::On),
         Some(v) if ["off", "0", "no", "never"].contains(&v.as_str()) => Ok(SingleCopy::Off),
         Some(v) => Err(Error::Env {
-            var: vars::SHM_SINGLE_COPY.into(),
+            var: name.into(),
             value: v,
             why: "expected auto, on or off".into(),
         }),
@@ -306,7 +312,8 @@ impl Config {
             algo,
             socket_ifname: var(vars::SOCKET_IFNAME),
             shm_slot: parse_num(vars::SHM_SLOT, 1 << 20, 4096, 1 << 30)? as usize,
-            shm_single_copy: single_copy()?,
+            shm_single_copy: single_copy(vars::SHM_SINGLE_COPY)?,
+            shm_single_copy_large: single_copy(vars::SHM_SINGLE_COPY_LARGE)?,
             net_chunk: parse_num(vars::NET_CHUNK, 512 << 10, 4096, MAX_NET_CHUNK)? as usize,
             net_streams: parse_num(vars::NET_STREAMS, 1, 1, MAX_STREAMS as u64)? as usize,
             rails_per_rank: parse_num(vars::RAILS_PER_RANK, 0, 0, MAX_STREAMS as u64)? as usize,

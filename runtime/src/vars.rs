@@ -128,6 +128,10 @@ pub const SHM_SLOT: &str = "RAILRING_SHM_SLOT";
 /// `auto`, `on` or `off`: in-node collectives reading peers' buffers directly (`process_vm_readv`).
 /// Set by the user; read by `config`, used by `comm::setup` and `transport::shm`.
 pub const SHM_SINGLE_COPY: &str = "RAILRING_SHM_SINGLE_COPY";
+/// `auto`, `on` or `off`: on two ranks, whether blocks of every size are read directly (`auto`:
+/// as the node's measured kernel copy says). Set by the user; read by `config`, used by
+/// `comm::setup`.
+pub const SHM_SINGLE_COPY_LARGE: &str = "RAILRING_SHM_SINGLE_COPY_LARGE";
 /// Bytes per pipelined chunk on network links. Set by the user; read by `config`.
 pub const NET_CHUNK: &str = "RAILRING_NET_CHUNK";
 /// TCP connections per peer and rail (1-16). Set by the user; read by `config`.
@@ -203,6 +207,7 @@ mod tests {
             ("SOCKET_IFNAME", SOCKET_IFNAME),
             ("SHM_SLOT", SHM_SLOT),
             ("SHM_SINGLE_COPY", SHM_SINGLE_COPY),
+            ("SHM_SINGLE_COPY_LARGE", SHM_SINGLE_COPY_LARGE),
             ("NET_CHUNK", NET_CHUNK),
             ("NET_STREAMS", NET_STREAMS),
             ("RAILS_PER_RANK", RAILS_PER_RANK),

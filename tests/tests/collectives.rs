@@ -167,7 +167,10 @@ fn every_collective_four_ranks_through_railrun() {
 /// directly (`process_vm_readv`) and the copy through the staging slots — each checked element
 /// by element, with what every rank logs proving which path ran; ranks started with different
 /// settings agree on the staged one, and where ranks outnumber CPUs `auto` stages the
-/// all-to-all while `on` still reads it directly.
+/// all-to-all while `on` still reads it directly. On two ranks the blocks above the staged
+/// path's crossover (all-gather and all-to-all blocks of 280 and 560 KiB, a 2.4 MB broadcast)
+/// go both ways too: read directly with `RAILRING_SHM_SINGLE_COPY_LARGE=on`, staged with `off`
+/// (from one rank alone as well), and `auto` names the measured kernel copy it went by.
 #[test]
 fn in_node_single_copy_and_staged_paths_are_both_exact() {
     let prog = bin("rr-collcheck");
@@ -184,8 +187,23 @@ fn in_node_single_copy_and_staged_paths_are_both_exact() {
     };
     // (two ranks: the all-gather's 64 KiB blocks read directly too)
     let (auto2, auto4) = (auto(2), auto(4));
+    let large_on = format!("{auto2}, every size (RAILRING_SHM_SINGLE_COPY_LARGE=on)");
+    let large_off = format!("{auto2}, large blocks staged (RAILRING_SHM_SINGLE_COPY_LARGE=off)");
+    let large = |s: &str| format!("export RAILRING_SHM_SINGLE_COPY_LARGE={s}; exec {prog} all");
     let cases = [
-        (2, "auto", format!("exec {prog} all"), auto2.as_str()),
+        // the kernel copy's measured speed decides (either way: a prefix)
+        (2, "auto", format!("exec {prog} all"), "on, "),
+        (2, "auto", large("on"), large_on.as_str()),
+        (2, "auto", large("off"), large_off.as_str()),
+        (
+            2,
+            "auto",
+            format!(
+                "if [ \"$RAILRING_RANK\" = 1 ]; then export RAILRING_SHM_SINGLE_COPY_LARGE=off; \
+                 else export RAILRING_SHM_SINGLE_COPY_LARGE=on; fi; exec {prog} all"
+            ),
+            large_off.as_str(),
+        ),
         (4, "auto", format!("exec {prog} all"), auto4.as_str()),
         (4, "on", format!("exec {prog} all"), "on"),
         (4, "off", format!("exec {prog} all"), "off (RAILRING_SHM_SINGLE_COPY=off)"),
@@ -217,11 +235,25 @@ fn in_node_single_copy_and_staged_paths_are_both_exact() {
                 .lines()
                 .find(|l| l.contains("single-copy reads") && l.ends_with(&format!("rank={r}")))
                 .unwrap_or_else(|| panic!("no single-copy line for rank {r}: {se}"));
-            let want = if r == 0 && script.contains("export") {
+            let want = if r == 0 && script.contains("export RAILRING_SHM_SINGLE_COPY=off") {
                 "off (RAILRING_SHM_SINGLE_COPY=off)"
             } else {
                 want
             };
+            if want == "on, " {
+                let kernel = " (a kernel copy takes ";
+                assert!(
+                    [", every size", ", large blocks staged"]
+                        .iter()
+                        .any(|w| line.contains(&format!("(process_vm_readv): {auto2}{w}{kernel}")))
+                        && line.contains(
+                            "x two memory copies here; \
+                             RAILRING_SHM_SINGLE_COPY_LARGE=on|off overrides)"
+                        ),
+                    "rank {r}: {line}"
+                );
+                continue;
+            }
             assert!(
                 line.contains(&format!("(process_vm_readv): {want} rank={r}")),
                 "rank {r}: {line}"

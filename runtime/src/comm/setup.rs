@@ -468,6 +468,11 @@ impl Communicator {
         }
         let all = least > 0;
         let staged_alltoall = crowded.filter(|_| least < 2);
+        let large = if all && l == 2 {
+            Self::agree_large_single(store, base, node, cfg)?
+        } else {
+            None
+        };
         node.set_single_copy(
             all,
             if staged_alltoall.is_some() {
@@ -475,29 +480,92 @@ impl Communicator {
             } else {
                 crate::transport::shm::SINGLE_COPY_ALLTOALL_MIN
             },
+            large.as_ref().is_some_and(|l| l.0),
         );
-        let crowd;
+        let verdict = if !all {
+            if !wanted {
+                "off (RAILRING_SHM_SINGLE_COPY=off)".to_string()
+            } else if ok {
+                "off (a peer cannot read its peers' memory, or was told not to)".to_string()
+            } else {
+                "off (this rank cannot read a peer's memory: process_vm_readv refused)".to_string()
+            }
+        } else {
+            let mut v = "on".to_string();
+            if let Some((n, c)) = staged_alltoall {
+                v += &format!(
+                    ", all-to-all staged ({n} ranks share {c} CPUs here; \
+                     RAILRING_SHM_SINGLE_COPY=on reads its blocks directly)"
+                );
+            }
+            if let Some((on, why)) = &large {
+                let what = if *on {
+                    "every size"
+                } else {
+                    "large blocks staged"
+                };
+                v += &format!(", {what} ({why})");
+            }
+            v
+        };
         tracing::info!(
             target: "railring::init",
             rank = node.ranks[me],
-            "in-node single-copy reads (process_vm_readv): {}",
-            if let (true, Some((n, c))) = (all, staged_alltoall) {
-                crowd = format!(
-                    "on, all-to-all staged ({n} ranks share {c} CPUs here; \
-                     RAILRING_SHM_SINGLE_COPY=on reads its blocks directly)"
-                );
-                crowd.as_str()
-            } else if all {
-                "on"
-            } else if !wanted {
-                "off (RAILRING_SHM_SINGLE_COPY=off)"
-            } else if ok {
-                "off (a peer cannot read its peers' memory, or was told not to)"
-            } else {
-                "off (this rank cannot read a peer's memory: process_vm_readv refused)"
-            }
+            "in-node single-copy reads (process_vm_readv): {verdict}"
         );
         Ok(())
+    }
+
+    /// On a node of two ranks that reads directly, agree whether blocks of every size are read
+    /// directly (else from `fabric::SINGLE_COPY_PAIR_MAX` / `SINGLE_COPY_BROADCAST_MAX` /
+    /// `SINGLE_COPY_ALLTOALL_MAX` up they stage): each rank publishes its
+    /// `RAILRING_SHM_SINGLE_COPY_LARGE`; the node's first rank decides — `off` if anyone said
+    /// off, `on` if everyone said on, else as its measured kernel copy says
+    /// (`shm::kernel_copy_ratio` under 1) — and publishes it with the reason, which every rank
+    /// logs.
+    fn agree_large_single(
+        store: &StoreClient,
+        base: &str,
+        node: &Node,
+        cfg: &Config,
+    ) -> Result<Option<(bool, String)>> {
+        let (l, me) = (node.geo.local_size, node.me);
+        let want = match cfg.shm_single_copy_large {
+            SingleCopy::Off => b'0',
+            SingleCopy::Auto => b'1',
+            SingleCopy::On => b'2',
+        };
+        store.set(&format!("{base}/large/{me}"), &[want])?;
+        if me != 0 {
+            let v = store.get(&format!("{base}/large"), cfg.timeout)?;
+            let v = String::from_utf8_lossy(&v);
+            let (on, why) = v.split_once(' ').unwrap_or(("0", "no decision"));
+            return Ok(Some((on == "1", why.to_string())));
+        }
+        let mut least = want;
+        for j in 1..l {
+            let v = store.get(&format!("{base}/large/{j}"), cfg.timeout)?;
+            least = least.min(*v.first().unwrap_or(&b'0'));
+        }
+        let (on, why) = match least {
+            b'2' => (true, "RAILRING_SHM_SINGLE_COPY_LARGE=on".to_string()),
+            b'1' => match crate::transport::shm::kernel_copy_ratio() {
+                Some(r) => (
+                    r < 1.0,
+                    format!(
+                        "a kernel copy takes {r:.2}x two memory copies here; \
+                         RAILRING_SHM_SINGLE_COPY_LARGE=on|off overrides"
+                    ),
+                ),
+                None => (false, "kernel copy refused".to_string()),
+            },
+            _ => (false, "RAILRING_SHM_SINGLE_COPY_LARGE=off".to_string()),
+        };
+        store.set(
+            &format!("{base}/large"),
+            format!("{} {why}", u8::from(on)).as_bytes(),
+        )?;
+        Ok(Some((on, why)))
     }
 
     /// The communicator of `rank` (ranks and nodes as `layout` says, this rank on node

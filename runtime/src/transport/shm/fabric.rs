@@ -40,6 +40,14 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// started together), 3 launches each, 256 KiB blocks 26-32 / 21 against 38-45 / 57-70,
 /// 512 KiB 46-54 / 37-47 against 70-75 / 98-104. (Before the slots stayed cached, 1 MiB blocks out of place took 252-299 µs staged
 /// against 119-144 read directly, and the limit was 4 MiB.)
+///
+/// These upper limits (this one, [`SINGLE_COPY_PAIR_MAX`], [`SINGLE_COPY_BROADCAST_MAX`]) were
+/// measured on a VM whose kernel copy between processes was slow. A two-rank node whose kernel
+/// copy beats two memory copies (`kernel_copy_ratio`, agreed at set-up:
+/// [`Node::large_single`]) has none: there, railperf -z 1 on 2 ranks, 2 MiB, out of place /
+/// in place µs, staged against read directly: all-gather 204 / 146 against 170 / 62 (Open MPI
+/// 164 / 67), all-to-all 230 / 110 against 172 / 157 (Open MPI 178 / 189), broadcast 244 / 150
+/// against 209 / 58 (Open MPI 323 / 188).
 pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 /// All-gather and broadcast read the peer's block directly only on two ranks, with blocks of at
 /// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`] (a broadcast's: under
@@ -311,16 +319,22 @@ impl ShmFabric {
             ));
         }
         let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
+        // two ranks whose kernel copies fast enough read every size directly (Node::large_single)
+        let large = (l == 2 && self.node.large_single()).then_some(usize::MAX);
         let single = self.node.single_copy()
             && match mode {
-                NodeMode::AllToAll => {
-                    (self.node.alltoall_single_min()..SINGLE_COPY_ALLTOALL_MAX).contains(&largest)
-                }
+                NodeMode::AllToAll => (self.node.alltoall_single_min()
+                    ..large.unwrap_or(SINGLE_COPY_ALLTOALL_MAX))
+                    .contains(&largest),
                 NodeMode::AllGather => {
-                    l == 2 && (SINGLE_COPY_PAIR_MIN..SINGLE_COPY_PAIR_MAX).contains(&largest)
+                    l == 2
+                        && (SINGLE_COPY_PAIR_MIN..large.unwrap_or(SINGLE_COPY_PAIR_MAX))
+                            .contains(&largest)
                 }
                 NodeMode::Broadcast { .. } => {
-                    l == 2 && (SINGLE_COPY_PAIR_MIN..SINGLE_COPY_BROADCAST_MAX).contains(&largest)
+                    l == 2
+                        && (SINGLE_COPY_PAIR_MIN..large.unwrap_or(SINGLE_COPY_BROADCAST_MAX))
+                            .contains(&largest)
                 }
                 _ => false,
             };

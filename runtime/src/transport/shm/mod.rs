@@ -342,6 +342,51 @@ fn pid_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
+/// How many times longer the kernel takes to copy a 2 MiB block between processes
+/// (`process_vm_readv`, here read from this process itself) than two memory copies in series
+/// take (the staged path: into a slot, out of it): the least of 5 tries of each, measured once
+/// per process (about 3 ms). Under 1 the single copy is the faster way to move a large block on
+/// two ranks, each of which copies once either way. It depends on the machine: this 2-vCPU VM
+/// (kernel 6.18, 480 MiB L3) measured 0.7-0.8 and railperf agreed (2 ranks, all-gather 4 MiB in
+/// place 210 µs read directly against 310 staged); the VM these limits were first measured on
+/// read 1 MiB blocks at 113-118 µs against 70-72 staged (a ratio near 1.6). `None`: the kernel
+/// refused.
+pub fn kernel_copy_ratio() -> Option<f64> {
+    static RATIO: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *RATIO.get_or_init(|| {
+        const N: usize = 2 << 20;
+        let src = vec![1u8; N];
+        let mut mid = vec![2u8; N];
+        let mut dst = vec![3u8; N];
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() };
+        let (mut kernel, mut staged) = (f64::MAX, f64::MAX);
+        for _ in 0..5 {
+            let here = libc::iovec {
+                iov_base: dst.as_mut_ptr() as *mut libc::c_void,
+                iov_len: N,
+            };
+            let far = libc::iovec {
+                iov_base: src.as_ptr() as *mut libc::c_void,
+                iov_len: N,
+            };
+            let t = std::time::Instant::now();
+            // SAFETY: both iovecs cover live buffers of this process of N bytes.
+            let r = unsafe { libc::process_vm_readv(pid, &here, 1, &far, 1, 0) };
+            kernel = kernel.min(t.elapsed().as_secs_f64());
+            if r != N as isize {
+                return None;
+            }
+            let t = std::time::Instant::now();
+            mid.copy_from_slice(std::hint::black_box(&src));
+            dst.copy_from_slice(std::hint::black_box(&mid));
+            staged = staged.min(t.elapsed().as_secs_f64());
+            std::hint::black_box(&dst);
+        }
+        Some(kernel / staged.max(1e-9))
+    })
+}
+
 /// Geometry of a node segment.
 #[derive(Clone, Copy, Debug)]
 pub struct Geometry {
@@ -384,6 +429,10 @@ pub struct Node {
     /// The least all-to-all block the fabric reads directly when [`Node::single_copy`]: the
     /// same on every local rank (agreed with it).
     alltoall_single_min: AtomicUsize,
+    /// On two ranks, the single copy has no upper size limit: the node measured the kernel's
+    /// copy between processes at under two memory copies ([`kernel_copy_ratio`]; set with
+    /// [`Node::set_single_copy`]).
+    large_single: AtomicBool,
 }
 
 impl Node {
@@ -414,6 +463,7 @@ impl Node {
             host,
             token: probe_token(),
             single_copy: AtomicBool::new(false),
+            large_single: AtomicBool::new(false),
             alltoall_single_min: AtomicUsize::new(usize::MAX),
         };
         if create {
@@ -618,11 +668,19 @@ impl Node {
     }
 
     /// Record the node's agreement on single-copy reads (every local rank can read every
-    /// other), and from which all-to-all block size they are used.
-    pub fn set_single_copy(&self, on: bool, alltoall_min: usize) {
+    /// other), from which all-to-all block size they are used, and whether a two-rank node
+    /// uses them at every size from their least (`large`).
+    pub fn set_single_copy(&self, on: bool, alltoall_min: usize, large: bool) {
         self.alltoall_single_min
             .store(alltoall_min, Ordering::Relaxed);
+        self.large_single.store(on && large, Ordering::Relaxed);
         self.single_copy.store(on, Ordering::Release);
+    }
+
+    /// Does a two-rank node read peers' blocks directly at every size (see
+    /// [`Node::set_single_copy`])?
+    pub fn large_single(&self) -> bool {
+        self.large_single.load(Ordering::Relaxed)
     }
 
     /// The least all-to-all block read directly (see [`Node::set_single_copy`]).
