@@ -75,6 +75,18 @@ pub const SINGLE_COPY_PAIR_MAX: usize = 256 << 10;
 /// (39-40 / 20-21) against 54.7 / 18.6 staged (one launch in 6: 247 / 214); 1 MiB 78.5 / 41.3
 /// against 80.7 / 30.0 and 2 MiB 155 / 81 against 137 / 55, so from 1 MiB the block stages.
 pub const SINGLE_COPY_BROADCAST_MAX: usize = 1 << 20;
+/// A reduce on two ranks whose kernel copies fast ([`Node::large_single`]) of at least this
+/// many bytes reads the peer's input directly ([`ShmFabric::single_copy_reduce`]; below it, the
+/// one-round small reduce). railperf reduce -z 1, 2 ranks, µs out of place / in place, staged
+/// (from 32 KiB: the one-round small reduce) against read directly (Open MPI 4.1): 32 KiB
+/// 4.0 / 3.9 against 3.5 / 3.2 (3.0 / 3.6), 128 KiB 11.9 / 11.9 against 8.6 / 8.5 (8.0 /
+/// 16.5), 512 KiB 57.2 / 47.8 against 28.6 / 29.0 (31.4 / 32.0), 2 MiB 318 / 271 against 206
+/// / 151 (370 / 367), 8 MiB 1506 / 1142 against 1070 / 888 (1568 / 1570).
+const SINGLE_COPY_REDUCE_MIN: usize = 32 << 10;
+/// Bytes of the peer's input a single-copy reduce reads per system call, into a bounce buffer
+/// that stays in the reducing rank's cache (256 KiB with the root reducing all of it: 16, 32,
+/// 64, 128 KiB and whole measured 21.4, 19.3, 17.8, 16.3 and 16.5 µs out of place).
+const SINGLE_COPY_REDUCE_PIECE: usize = 128 << 10;
 /// Where a single-copy call publishes, in its header line, the address of its input, of its
 /// result (a broadcast's), and how many bytes at the block's start a broadcast's root writes
 /// into its peer's result ([`ShmFabric::single_copy_broadcast`]).
@@ -336,9 +348,15 @@ impl ShmFabric {
                         && (SINGLE_COPY_PAIR_MIN..large.unwrap_or(SINGLE_COPY_BROADCAST_MAX))
                             .contains(&largest)
                 }
+                NodeMode::Reduce { .. } => {
+                    large.is_some()
+                        && bytes >= SINGLE_COPY_REDUCE_MIN
+                        && slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
+                }
                 _ => false,
             };
         let small = fits
+            && !single
             && match mode {
                 NodeMode::AllReduceSmall => true,
                 NodeMode::Reduce { .. } => {
@@ -554,6 +572,10 @@ impl ShmFabric {
         addr(me).store(input as u64, Ordering::Relaxed);
         // a broadcast also publishes where its result goes, and the root how much of the
         // peer's it writes ([`Self::single_copy_broadcast`])
+        if let NodeMode::Reduce { .. } = mode {
+            let line = self.node.line(me, g);
+            (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
+        }
         if let NodeMode::Broadcast { root } = mode {
             let split = if me == root && l == 2 && std::ptr::eq(input, work) {
                 (slices[0].1 / 2) & !63
@@ -569,6 +591,9 @@ impl ShmFabric {
         self.node.ring_bell();
         if let NodeMode::Broadcast { root } = mode {
             return self.single_copy_broadcast(g, root, input, work, slices[0], desc, describe);
+        }
+        if let NodeMode::Reduce { root } = mode {
+            return self.single_copy_reduce(g, root, call, input, work);
         }
         // Out of place, this rank's own block is copied while the peers publish theirs: peers
         // read the input, never `work`, so the copy needs no one.
@@ -725,6 +750,97 @@ impl ShmFabric {
     /// [`Self::peer_copy`] from local rank `j`'s input.
     unsafe fn read_peer(&self, j: usize, g: u64, dst: *mut u8, off: usize, n: usize) -> Result<()> {
         self.peer_copy(j, g, LINE_INPUT, dst, off, n, false)
+    }
+
+    /// The single-copy reduce of generation `g` on two ranks (inputs' and results' addresses
+    /// published): each rank reads half of its peer's input a piece at a time into a bounce
+    /// buffer that stays in its cache (`process_vm_readv`) and reduces it with the same half of
+    /// its own input — the root into its result, the other rank in the bounce, which it then
+    /// writes into the root's result (`process_vm_writev`). Both say when they are done with
+    /// the other's buffers, and each returns once the other is. Both CPUs reduce, and each
+    /// byte is copied once by the kernel (plus the write-back of the root's second half), where
+    /// the staged reduce copies every half into a slot and the root's half back out, and Open
+    /// MPI's root reads and reduces the whole block alone (see [`SINGLE_COPY_REDUCE_MIN`]).
+    unsafe fn single_copy_reduce(
+        &mut self,
+        g: u64,
+        root: usize,
+        call: &NodeOp<'_>,
+        input: *const u8,
+        work: *mut u8,
+    ) -> Result<()> {
+        let &NodeOp {
+            dtype,
+            op,
+            slices,
+            desc,
+            describe,
+            ..
+        } = call;
+        let me = self.node.me;
+        if root >= 2 {
+            return Err(Error::Plan(format!("in-node root {root} of 2 local ranks")));
+        }
+        let peer = 1 - me;
+        let base = slices.first().map_or(0, |s| s.0);
+        let bytes: usize = slices.iter().map(|s| s.1).sum();
+        let esz = dtype.size();
+        // the root reduces the first `split` bytes, its peer the rest
+        let split = (bytes / 2) / esz * esz;
+        let (from, to) = if me == root {
+            (0, split)
+        } else {
+            (split, bytes)
+        };
+        let who = if me == root { "peer" } else { "root" };
+        self.wait_buffer(
+            &format!("reduce (waiting for the {who})"),
+            peer,
+            g,
+            desc,
+            describe,
+        )?;
+        let piece = SINGLE_COPY_REDUCE_PIECE - SINGLE_COPY_REDUCE_PIECE % esz;
+        // the bounce is written by the kernel before it is read (as the all-to-all's)
+        let mut bounce = std::mem::take(&mut self.scratch);
+        bounce.clear();
+        bounce.reserve(piece.min(to - from));
+        let mut off = from;
+        let mut result = Ok(());
+        while off < to && result.is_ok() {
+            let k = piece.min(to - off);
+            let b = bounce.as_mut_ptr();
+            result = self.read_peer(peer, g, b, base + off, k);
+            if result.is_err() {
+                break;
+            }
+            let mine = input.add(base + off);
+            // local rank order, as every other path combines
+            let srcs = if me < peer {
+                [mine, b]
+            } else {
+                [b as *const u8, mine]
+            };
+            if me == root {
+                kernels::reduce_many_raw(dtype, op, work.add(base + off), &srcs, k);
+            } else {
+                // reduced in the bounce, then written into the root's result
+                kernels::reduce_many_raw(dtype, op, b, &srcs, k);
+                result = self.peer_copy(peer, g, LINE_RESULT, b, base + off, k, true);
+            }
+            off += k;
+        }
+        self.scratch = bounce;
+        result?;
+        // `reduced`: this rank has read its peer's input (and, off the root, written its part)
+        self.node.reduced(me).store(g, Ordering::SeqCst);
+        self.node.ring_bell();
+        self.wait_peer(
+            "reduce (waiting for the peer to finish with this rank's buffers)",
+            peer,
+            g,
+            self.node.reduced(peer),
+        )
     }
 
     /// The single-copy all-to-all of generation `g` (this rank's input address is published)
