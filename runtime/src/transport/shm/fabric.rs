@@ -83,6 +83,19 @@ pub const SINGLE_COPY_BROADCAST_MAX: usize = 1 << 20;
 /// 16.5), 512 KiB 57.2 / 47.8 against 28.6 / 29.0 (31.4 / 32.0), 2 MiB 318 / 271 against 206
 /// / 151 (370 / 367), 8 MiB 1506 / 1142 against 1070 / 888 (1568 / 1570).
 const SINGLE_COPY_REDUCE_MIN: usize = 32 << 10;
+/// On two ranks whose kernel copies fast ([`Node::large_single`]) all-gather and all-to-all
+/// blocks from this many bytes, and broadcasts from [`FAST_KERNEL_BROADCAST_MIN`], are read
+/// directly too (not from [`SINGLE_COPY_PAIR_MIN`] / [`SINGLE_COPY_ALLTOALL_MIN`]). railperf
+/// -n 1000 -z 1, 2 ranks, µs out of place / in place, staged against read directly (Open MPI):
+/// all-gather 8 KiB (4 KiB blocks) 1.3 / 1.2 against 1.6 / 1.6 (2.4 / 2.6), 16 KiB 2.0 / 1.9
+/// against 1.9 / 1.7 (2.4 / 2.8), 32 KiB 3.6 / 3.4 against 2.3 / 2.1 (2.9 / 3.2); all-to-all
+/// 16 KiB 2.1 / 1.9 against 1.8 / 3.3 (2.5 / 3.8), 32 KiB 3.7 / 3.3 against 2.1 / 4.5 (2.9 /
+/// 5.3) — in place the bounce buffer costs, still under Open MPI's; broadcast 8 KiB 1.0 / 1.0
+/// against 1.3 / 1.5 (3.3 / 1.5), 16 KiB 1.8 / 1.7 against 1.6 / 1.6 (5.0 / 1.9), 32 KiB 3.8
+/// / 3.2 against 2.3 / 1.8 (8.1 / 2.5).
+const FAST_KERNEL_PAIR_MIN: usize = 8 << 10;
+/// See [`FAST_KERNEL_PAIR_MIN`].
+const FAST_KERNEL_BROADCAST_MIN: usize = 16 << 10;
 /// Bytes of the peer's input a single-copy reduce reads per system call, into a bounce buffer
 /// that stays in the reducing rank's cache (256 KiB with the root reducing all of it: 16, 32,
 /// 64, 128 KiB and whole measured 21.4, 19.3, 17.8, 16.3 and 16.5 µs out of place).
@@ -333,19 +346,27 @@ impl ShmFabric {
         let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
         // two ranks whose kernel copies fast enough read every size directly (Node::large_single)
         let large = (l == 2 && self.node.large_single()).then_some(usize::MAX);
+        // ... and from smaller blocks (FAST_KERNEL_*_MIN)
+        let (pair_min, broadcast_min, alltoall_min) = match self.node.alltoall_single_min() {
+            m if large.is_none() => (SINGLE_COPY_PAIR_MIN, SINGLE_COPY_PAIR_MIN, m),
+            usize::MAX => (FAST_KERNEL_PAIR_MIN, FAST_KERNEL_BROADCAST_MIN, usize::MAX),
+            _ => (
+                FAST_KERNEL_PAIR_MIN,
+                FAST_KERNEL_BROADCAST_MIN,
+                FAST_KERNEL_PAIR_MIN,
+            ),
+        };
         let single = self.node.single_copy()
             && match mode {
-                NodeMode::AllToAll => (self.node.alltoall_single_min()
-                    ..large.unwrap_or(SINGLE_COPY_ALLTOALL_MAX))
-                    .contains(&largest),
+                NodeMode::AllToAll => {
+                    (alltoall_min..large.unwrap_or(SINGLE_COPY_ALLTOALL_MAX)).contains(&largest)
+                }
                 NodeMode::AllGather => {
-                    l == 2
-                        && (SINGLE_COPY_PAIR_MIN..large.unwrap_or(SINGLE_COPY_PAIR_MAX))
-                            .contains(&largest)
+                    l == 2 && (pair_min..large.unwrap_or(SINGLE_COPY_PAIR_MAX)).contains(&largest)
                 }
                 NodeMode::Broadcast { .. } => {
                     l == 2
-                        && (SINGLE_COPY_PAIR_MIN..large.unwrap_or(SINGLE_COPY_BROADCAST_MAX))
+                        && (broadcast_min..large.unwrap_or(SINGLE_COPY_BROADCAST_MAX))
                             .contains(&largest)
                 }
                 NodeMode::Reduce { .. } => {
