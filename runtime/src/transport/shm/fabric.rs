@@ -101,7 +101,7 @@ const FAST_KERNEL_BROADCAST_MIN: usize = 16 << 10;
 /// 64, 128 KiB and whole measured 21.4, 19.3, 17.8, 16.3 and 16.5 µs out of place).
 const SINGLE_COPY_REDUCE_PIECE: usize = 128 << 10;
 /// Where a single-copy call publishes, in its header line, the address of its input, of its
-/// result (a broadcast's), and how many bytes at the block's start a broadcast's root writes
+/// result (a broadcast's or a reduce's), and how many bytes at the block's start a broadcast's root writes
 /// into its peer's result ([`ShmFabric::single_copy_broadcast`]).
 const LINE_INPUT: usize = 16;
 const LINE_RESULT: usize = 24;
@@ -591,12 +591,14 @@ impl ShmFabric {
             &*(self.node.line(j, g).add(LINE_INPUT) as *const AtomicU64)
         };
         addr(me).store(input as u64, Ordering::Relaxed);
-        // a broadcast also publishes where its result goes, and the root how much of the
-        // peer's it writes ([`Self::single_copy_broadcast`])
+        // a reduce also publishes where its result goes ([`Self::single_copy_reduce`]: the
+        // root's peer writes half of it)...
         if let NodeMode::Reduce { .. } = mode {
             let line = self.node.line(me, g);
             (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
         }
+        // ...and so does a broadcast, and its root how much of the peer's it writes
+        // ([`Self::single_copy_broadcast`])
         if let NodeMode::Broadcast { root } = mode {
             let split = if me == root && l == 2 && std::ptr::eq(input, work) {
                 (slices[0].1 / 2) & !63
