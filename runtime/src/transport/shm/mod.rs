@@ -813,6 +813,17 @@ pub fn segment_path(job: &str, comm: u64, node_key: &str) -> PathBuf {
 mod tests {
     use super::*;
 
+    /// The kernel-copy calibration is measured once per process and is a plain ratio: the
+    /// set-up of every communicator of a process decides the same way.
+    #[test]
+    fn kernel_copy_ratio_is_measured_once_and_sane() {
+        let first = kernel_copy_ratio();
+        assert_eq!(first, kernel_copy_ratio());
+        // reading this process's own memory is allowed wherever tests run (root, no seccomp)
+        let r = first.expect("process_vm_readv of this process's own memory refused");
+        assert!(r.is_finite() && r > 0.0 && r < 1000.0, "ratio {r}");
+    }
+
     fn dir(tag: &str) -> PathBuf {
         let d =
             std::env::temp_dir().join(format!("rr-shm-sweep-test-{tag}-{}", std::process::id()));
