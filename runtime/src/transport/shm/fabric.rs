@@ -344,45 +344,17 @@ impl ShmFabric {
             ));
         }
         let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
-        // two ranks whose kernel copies fast enough read every size directly (Node::large_single)
-        let large = (l == 2 && self.node.large_single()).then_some(usize::MAX);
-        // ... and from smaller blocks (FAST_KERNEL_*_MIN)
-        let (pair_min, broadcast_min, alltoall_min) = match self.node.alltoall_single_min() {
-            m if large.is_none() => (SINGLE_COPY_PAIR_MIN, SINGLE_COPY_PAIR_MIN, m),
-            usize::MAX => (FAST_KERNEL_PAIR_MIN, FAST_KERNEL_BROADCAST_MIN, usize::MAX),
-            _ => (
-                FAST_KERNEL_PAIR_MIN,
-                FAST_KERNEL_BROADCAST_MIN,
-                FAST_KERNEL_PAIR_MIN,
-            ),
+        // a reduce's blocks must lie end to end (single copy and the one-round small reduce)
+        let contiguous = slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
+        let single = match mode {
+            NodeMode::Reduce { .. } => contiguous && self.single_copy_sizes(mode).contains(&bytes),
+            _ => self.single_copy_sizes(mode).contains(&largest),
         };
-        let single = self.node.single_copy()
-            && match mode {
-                NodeMode::AllToAll => {
-                    (alltoall_min..large.unwrap_or(SINGLE_COPY_ALLTOALL_MAX)).contains(&largest)
-                }
-                NodeMode::AllGather => {
-                    l == 2 && (pair_min..large.unwrap_or(SINGLE_COPY_PAIR_MAX)).contains(&largest)
-                }
-                NodeMode::Broadcast { .. } => {
-                    l == 2
-                        && (broadcast_min..large.unwrap_or(SINGLE_COPY_BROADCAST_MAX))
-                            .contains(&largest)
-                }
-                NodeMode::Reduce { .. } => {
-                    large.is_some()
-                        && bytes >= SINGLE_COPY_REDUCE_MIN
-                        && slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
-                }
-                _ => false,
-            };
         let small = fits
             && !single
             && match mode {
                 NodeMode::AllReduceSmall => true,
-                NodeMode::Reduce { .. } => {
-                    bytes <= SMALL_REDUCE && slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
-                }
+                NodeMode::Reduce { .. } => bytes <= SMALL_REDUCE && contiguous,
                 NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
                 _ => false,
             };
@@ -591,22 +563,19 @@ impl ShmFabric {
             &*(self.node.line(j, g).add(LINE_INPUT) as *const AtomicU64)
         };
         addr(me).store(input as u64, Ordering::Relaxed);
-        // a reduce also publishes where its result goes ([`Self::single_copy_reduce`]: the
-        // root's peer writes half of it)...
-        if let NodeMode::Reduce { .. } = mode {
-            let line = self.node.line(me, g);
+        // a broadcast and a reduce also publish where their result goes (a peer writes part of
+        // it: [`Self::single_copy_broadcast`], [`Self::single_copy_reduce`]), and a broadcast's
+        // root how much of the peer's it writes
+        let line = self.node.line(me, g);
+        if matches!(mode, NodeMode::Broadcast { .. } | NodeMode::Reduce { .. }) {
             (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
         }
-        // ...and so does a broadcast, and its root how much of the peer's it writes
-        // ([`Self::single_copy_broadcast`])
         if let NodeMode::Broadcast { root } = mode {
             let split = if me == root && l == 2 && std::ptr::eq(input, work) {
                 (slices[0].1 / 2) & !63
             } else {
                 0
             };
-            let line = self.node.line(me, g);
-            (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
             (*(line.add(LINE_SPLIT) as *const AtomicU64)).store(split as u64, Ordering::Relaxed);
         }
         self.publish_desc(g, desc, false);
@@ -1327,6 +1296,31 @@ impl ShmFabric {
             self.check_desc_of(j, g, desc, describe)?;
         }
         Ok(())
+    }
+
+    /// The sizes (of the largest block; a reduce's: of the whole call) at which a call of `mode`
+    /// reads peers' buffers directly; empty where it always stages. Where two ranks' kernel
+    /// copies fast ([`Node::large_single`]) there is no upper limit and the least sizes are
+    /// smaller (`FAST_KERNEL_*_MIN`), and a reduce reads too; a node whose ranks outnumber its
+    /// CPUs (`alltoall_single_min` unbounded) stages every all-to-all.
+    fn single_copy_sizes(&self, mode: NodeMode) -> std::ops::Range<usize> {
+        if !self.node.single_copy() {
+            return 0..0;
+        }
+        let pair = self.local_size() == 2;
+        let fast = pair && self.node.large_single();
+        let alltoall_min = self.node.alltoall_single_min();
+        match mode {
+            NodeMode::AllToAll if alltoall_min == usize::MAX => 0..0,
+            NodeMode::AllToAll if fast => FAST_KERNEL_PAIR_MIN..usize::MAX,
+            NodeMode::AllToAll => alltoall_min..SINGLE_COPY_ALLTOALL_MAX,
+            NodeMode::AllGather if fast => FAST_KERNEL_PAIR_MIN..usize::MAX,
+            NodeMode::AllGather if pair => SINGLE_COPY_PAIR_MIN..SINGLE_COPY_PAIR_MAX,
+            NodeMode::Broadcast { .. } if fast => FAST_KERNEL_BROADCAST_MIN..usize::MAX,
+            NodeMode::Broadcast { .. } if pair => SINGLE_COPY_PAIR_MIN..SINGLE_COPY_BROADCAST_MAX,
+            NodeMode::Reduce { .. } if fast => SINGLE_COPY_REDUCE_MIN..usize::MAX,
+            _ => 0..0,
+        }
     }
 
     /// Wait until local rank `j` published its buffers for generation `g` (a single-copy call),
