@@ -418,8 +418,9 @@ impl Communicator {
     /// publishes its verdict; the fabric copies once only when every verdict is yes, so all
     /// local ranks take the same path. A rank told `RAILRING_SHM_SINGLE_COPY=off` still takes
     /// part (it says no), so ranks started with different settings agree too. All-to-all reads
-    /// directly only when the node is not `crowded` (more ranks on its kernel than CPUs, as
-    /// published) or every rank was told `on` (`fabric::SINGLE_COPY_ALLTOALL_MIN`).
+    /// directly when the node is not `crowded` (more ranks on its kernel than CPUs, as
+    /// published), when every rank was told `on`, or when the kernel copies fast
+    /// ([`Self::agree_large_single`]; `fabric::SINGLE_COPY_ALLTOALL_MIN`).
     fn agree_single_copy(
         store: &StoreClient,
         base: &str,
@@ -467,12 +468,16 @@ impl Communicator {
             least = least.min(v);
         }
         let all = least > 0;
-        let staged_alltoall = crowded.filter(|_| least < 2);
-        let large = if all && l == 2 {
+        // whether the kernel copies fast decides on two-rank nodes and on crowded ones not
+        // told `on`
+        let crowded = crowded.filter(|_| least < 2);
+        let large = if all && (l == 2 || crowded.is_some()) {
             Self::agree_large_single(store, base, node, cfg)?
         } else {
             None
         };
+        let fast = large.as_ref().is_some_and(|l| l.0);
+        let staged_alltoall = crowded.filter(|_| !fast);
         node.set_single_copy(
             all,
             if staged_alltoall.is_some() {
@@ -480,7 +485,7 @@ impl Communicator {
             } else {
                 crate::transport::shm::SINGLE_COPY_ALLTOALL_MIN
             },
-            large.as_ref().is_some_and(|l| l.0),
+            l == 2 && fast,
         );
         let verdict = if !all {
             if !wanted {
@@ -492,19 +497,26 @@ impl Communicator {
             }
         } else {
             let mut v = "on".to_string();
-            if let Some((n, c)) = staged_alltoall {
-                v += &format!(
-                    ", all-to-all staged ({n} ranks share {c} CPUs here; \
-                     RAILRING_SHM_SINGLE_COPY=on reads its blocks directly)"
-                );
-            }
-            if let Some((on, why)) = &large {
-                let what = if *on {
-                    "every size"
-                } else {
-                    "large blocks staged"
-                };
-                v += &format!(", {what} ({why})");
+            match (&large, crowded) {
+                // crowded: the calibration decides the all-to-all
+                (Some((on, why)), Some((n, c))) if l > 2 => {
+                    v += &if *on {
+                        format!(
+                            ", all-to-all read directly though {n} ranks share {c} CPUs ({why})"
+                        )
+                    } else {
+                        format!(", all-to-all staged ({n} ranks share {c} CPUs; {why})")
+                    }
+                }
+                (Some((on, why)), _) => {
+                    let what = if *on {
+                        "every size"
+                    } else {
+                        "large blocks staged"
+                    };
+                    v += &format!(", {what} ({why})");
+                }
+                (None, _) => {}
             }
             v
         };
@@ -518,7 +530,8 @@ impl Communicator {
 
     /// On a node of two ranks that reads directly, agree whether blocks of every size are read
     /// directly (else from `fabric::SINGLE_COPY_PAIR_MAX` / `SINGLE_COPY_BROADCAST_MAX` /
-    /// `SINGLE_COPY_ALLTOALL_MAX` up they stage): each rank publishes its
+    /// `SINGLE_COPY_ALLTOALL_MAX` up they stage); on a crowded node, whether the all-to-all
+    /// reads directly (else it stages): each rank publishes its
     /// `RAILRING_SHM_SINGLE_COPY_LARGE`; the node's first rank decides — `off` if anyone said
     /// off, `on` if everyone said on, else as its measured kernel copy says
     /// (`shm::kernel_copy_ratio` under 1) — and publishes it with the reason, which every rank

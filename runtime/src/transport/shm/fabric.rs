@@ -19,8 +19,10 @@ const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// per pair cost more than the second copy through a staging slot (4 ranks on 2 cores, railperf
 /// with `RAILRING_SHM_SINGLE_COPY` on and off: 16 KiB blocks 24-38 µs in place against 14).
 ///
-/// Where the node's ranks outnumber its CPUs the all-to-all always stages (unless every rank
-/// was told `RAILRING_SHM_SINGLE_COPY=on`; [`Node::alltoall_single_min`]): a reader then often
+/// Where the node's ranks outnumber its CPUs the all-to-all stages unless the kernel copies
+/// fast (as timed at set-up: see [`SINGLE_COPY_ALLTOALL_MAX`]) or every rank was told
+/// `RAILRING_SHM_SINGLE_COPY=on` ([`Node::alltoall_single_min`]). On the VM these figures come
+/// from (a slow kernel copy) a reader often
 /// finds the partner whose buffer it needs descheduled, and the kernel's page-by-page copy is
 /// slower than the slots, written once and read back from the last-level cache. railperf -z 1,
 /// out of place / in place, single copy (`auto` before) against staged (`off` with
@@ -48,6 +50,13 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// in place µs, staged against read directly: all-gather 204 / 146 against 170 / 62 (Open MPI
 /// 164 / 67), all-to-all 230 / 110 against 172 / 157 (Open MPI 178 / 189), broadcast 244 / 150
 /// against 209 / 58 (Open MPI 323 / 188).
+///
+/// On such a machine a node whose ranks outnumber its CPUs reads all-to-all blocks from
+/// [`SINGLE_COPY_ALLTOALL_MIN`] to this limit directly too: 4 ranks on 2 CPUs, railperf -n 200
+/// -w 60 -z 1, medians of 4 interleaved launches, out of place / in place µs, staged against
+/// read directly (in place with the blocks staged for the peers, `ShmFabric::alltoall_stages`;
+/// Open MPI): 128 KiB 28.4 / 26.5 against 25.3 / 27.0 (23.0 / 41.4), 512 KiB 152 / 97 against
+/// 94 / 95 (127 / 128); 1 MiB (256 KiB blocks, -n 40) 270 / 187 against 312 / 229 (252 / 270).
 pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 /// All-gather and broadcast read the peer's block directly only on two ranks, with blocks of at
 /// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`] (a broadcast's: under
@@ -358,8 +367,14 @@ impl ShmFabric {
                 NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
                 _ => false,
             };
-        // only header lines and boxes (no staging slot) for single-copy calls and small ones
-        self.slot_free(!(single || small && bytes <= SMALL_BOX))?;
+        // only header lines and boxes (no staging slot) for single-copy calls and small ones,
+        // except an in-place single-copy all-to-all, which stages what its peers read
+        let stages = if single {
+            self.alltoall_stages(mode, src, work, largest).is_some()
+        } else {
+            !(small && bytes <= SMALL_BOX)
+        };
+        self.slot_free(stages)?;
         if small {
             let (src, work) = (src.add(base), work.add(base));
             match mode {
@@ -578,6 +593,20 @@ impl ShmFabric {
             };
             (*(line.add(LINE_SPLIT) as *const AtomicU64)).store(split as u64, Ordering::Relaxed);
         }
+        // an in-place all-to-all copies the blocks its peers read into its slot (it overwrites
+        // its buffer as it reads theirs) and says so where a broadcast says its split
+        let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
+        let staged = self.alltoall_stages(mode, input, work, largest);
+        if mode == NodeMode::AllToAll {
+            if let Some(piece_cap) = staged {
+                let mine = self.node.chunk_area(me, (g % NSLOT as u64) as usize);
+                for (j, &(o, n)) in slices.iter().enumerate().filter(|&(j, _)| j != me) {
+                    std::ptr::copy_nonoverlapping(input.add(o), mine.add(j * piece_cap), n);
+                }
+            }
+            (*(line.add(LINE_SPLIT) as *const AtomicU64))
+                .store(u64::from(staged.is_some()), Ordering::Relaxed);
+        }
         self.publish_desc(g, desc, false);
         self.node.ready(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
@@ -595,7 +624,7 @@ impl ShmFabric {
         }
         if mode == NodeMode::AllToAll {
             let in_place = std::ptr::eq(input, work);
-            return self.pairwise_all_to_all(g, work, slices, in_place, desc, describe);
+            return self.pairwise_all_to_all(g, work, slices, in_place, staged, desc, describe);
         }
         self.wait_all("collective (waiting for peers' buffers)", g, |j| {
             self.node.ready(j)
@@ -841,29 +870,35 @@ impl ShmFabric {
     /// read — never for all local ranks at once: that barrier cost 4 ranks on 2 cores 10-20 %
     /// at 256 KiB in short runs (railperf -n 40 -z 1, 8 launches, median µs out of place / in
     /// place: 135 / 275 with it, 124 / 236 without; at -n 200 no clear difference). In the
-    /// round where two ranks meet, each reads the other's block for it and says so. Out of
-    /// place it reads straight into `work`; in place it reads into a bounce buffer and, once
-    /// the partner says it has read the block this rank is about to overwrite, copies the
-    /// bounce there. Both sides read at once, and the protocol is the same whether either side
-    /// is in place, so ranks calling both ways meet. A rank returns only after every partner
-    /// read its input.
+    /// round where two ranks meet, each reads the other's block for it and says so, from the
+    /// partner's input or, where the partner staged its blocks (`staged`, an in-place call:
+    /// [`Self::alltoall_stages`]), from its slot ([`Self::read_block`]). Out of place, or in
+    /// place with its own blocks staged, a rank reads straight into `work`; in place with
+    /// blocks too large for its slot it reads into a bounce buffer and, once the partner says it
+    /// has read the block this rank is about to overwrite, copies the bounce there. Both sides
+    /// read at once, and the protocol is the same whichever way either side calls, so ranks
+    /// calling in place and out of place meet. A rank whose input is read directly returns only
+    /// after every partner read it.
     unsafe fn pairwise_all_to_all(
         &mut self,
         g: u64,
         work: *mut u8,
         slices: &[(usize, usize)],
         in_place: bool,
+        staged: Option<usize>,
         desc: &[u8; DESC],
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
         let l = self.local_size();
         let me = self.node.me;
         let n = slices[me].1;
+        // in place with the blocks staged, this rank reads straight into its buffer
+        let bounced = in_place && staged.is_none();
         // the bounce is written by the kernel before it is read: its capacity is enough (no
         // pass zeroing it)
         let mut bounce = std::mem::take(&mut self.scratch);
         bounce.clear();
-        if in_place {
+        if bounced {
             bounce.reserve(n);
         }
         let m = l + (l % 2); // a bye for odd sizes
@@ -879,7 +914,7 @@ impl ShmFabric {
                 signal(&self.node);
                 continue;
             }
-            let dst = if in_place {
+            let dst = if bounced {
                 bounce.as_mut_ptr()
             } else {
                 work.add(slices[p].0)
@@ -892,12 +927,12 @@ impl ShmFabric {
                     desc,
                     describe,
                 )
-                .and_then(|_| self.read_peer(p, g, dst, slices[me].0, n));
+                .and_then(|_| self.read_block(p, g, dst, slices[me].0, n));
             if result.is_err() {
                 break;
             }
             signal(&self.node);
-            if in_place {
+            if bounced {
                 result = self.wait_peer(
                     "in-place all-to-all (waiting for the pair's partner)",
                     p,
@@ -911,7 +946,8 @@ impl ShmFabric {
             }
         }
         // Out of place, a rank did not wait for its partners' reads of its input: wait for
-        // those now, before the caller may reuse the input.
+        // those now, before the caller may reuse the input. (Staged blocks stay in the slot
+        // until every rank has begun a later call: `slot_free`.)
         if !in_place && result.is_ok() {
             for k in 0..m - 1 {
                 let p = tournament_partner(me, k, m);
@@ -930,6 +966,45 @@ impl ShmFabric {
         }
         self.scratch = bounce;
         result
+    }
+
+    /// Whether this rank's in-place single-copy all-to-all copies the blocks its peers read into
+    /// its slot first (`Some(bytes per block in the slot)`): in place only, with blocks of at
+    /// most `largest` bytes that fit. Its peers then copy them out of the slot, and it reads
+    /// theirs straight into its buffer, where otherwise it reads each into a bounce buffer and
+    /// copies it into place once the partner has read the block it overwrites.
+    fn alltoall_stages(
+        &self,
+        mode: NodeMode,
+        input: *const u8,
+        work: *mut u8,
+        largest: usize,
+    ) -> Option<usize> {
+        let piece_cap = ((self.node.geo.slot_bytes - SMALL_HDR) / self.local_size().max(1)) & !63;
+        (mode == NodeMode::AllToAll && std::ptr::eq(input, work) && largest <= piece_cap)
+            .then_some(piece_cap)
+    }
+
+    /// Read `n` bytes at offset `off` of local rank `j`'s all-to-all input into `dst`: from its
+    /// slot where it staged its blocks (it published 1 at [`LINE_SPLIT`];
+    /// [`Self::alltoall_stages`]: this rank's block at its index), else from its buffer.
+    unsafe fn read_block(
+        &self,
+        j: usize,
+        g: u64,
+        dst: *mut u8,
+        off: usize,
+        n: usize,
+    ) -> Result<()> {
+        let staged =
+            (*(self.node.line(j, g).add(LINE_SPLIT) as *const AtomicU64)).load(Ordering::Relaxed);
+        if staged == 0 {
+            return self.read_peer(j, g, dst, off, n);
+        }
+        let piece_cap = ((self.node.geo.slot_bytes - SMALL_HDR) / self.local_size().max(1)) & !63;
+        let from = self.node.chunk_area(j, (g % NSLOT as u64) as usize);
+        std::ptr::copy_nonoverlapping(from.add(self.node.me * piece_cap), dst, n);
+        Ok(())
     }
 
     /// Where local rank `me`'s piece of the current chunk lives on every local rank, in local

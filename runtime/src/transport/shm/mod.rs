@@ -668,8 +668,9 @@ impl Node {
     }
 
     /// Record the node's agreement on single-copy reads (every local rank can read every
-    /// other), from which all-to-all block size they are used, and whether a two-rank node
-    /// uses them at every size from their least (`large`).
+    /// other), from which all-to-all block size they are used (`usize::MAX`: never; a crowded
+    /// node whose kernel copies slowly), and whether a two-rank node uses them at every size
+    /// from their least (`large`).
     pub fn set_single_copy(&self, on: bool, alltoall_min: usize, large: bool) {
         self.alltoall_single_min
             .store(alltoall_min, Ordering::Relaxed);
