@@ -623,8 +623,7 @@ impl ShmFabric {
             std::ptr::copy_nonoverlapping(input.wrapping_add(o), work.add(o), n);
         }
         if mode == NodeMode::AllToAll {
-            let in_place = std::ptr::eq(input, work);
-            return self.pairwise_all_to_all(g, work, slices, in_place, staged, desc, describe);
+            return self.pairwise_all_to_all(g, call, staged);
         }
         self.wait_all("collective (waiting for peers' buffers)", g, |j| {
             self.node.ready(j)
@@ -882,13 +881,17 @@ impl ShmFabric {
     unsafe fn pairwise_all_to_all(
         &mut self,
         g: u64,
-        work: *mut u8,
-        slices: &[(usize, usize)],
-        in_place: bool,
+        call: &NodeOp<'_>,
         staged: Option<usize>,
-        desc: &[u8; DESC],
-        describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
+        let &NodeOp {
+            work,
+            slices,
+            desc,
+            describe,
+            ..
+        } = call;
+        let in_place = std::ptr::eq(call.input(), work);
         let l = self.local_size();
         let me = self.node.me;
         let n = slices[me].1;
