@@ -433,6 +433,39 @@ pub struct Node {
     /// copy between processes at under two memory copies ([`kernel_copy_ratio`]; set with
     /// [`Node::set_single_copy`]).
     large_single: AtomicBool,
+    /// How the fabric's small calls publish their flags: `Release` where this process is
+    /// registered for the sleepers' expedited memory barriers ([`asymmetric_fence`]), else
+    /// `SeqCst`.
+    publish_order: Ordering,
+}
+
+/// membarrier(2) commands (linux/membarrier.h).
+const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
+const MEMBARRIER_CMD_GLOBAL_EXPEDITED: libc::c_int = 1 << 1;
+const MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED: libc::c_int = 1 << 2;
+
+fn membarrier(cmd: libc::c_int) -> libc::c_long {
+    // SAFETY: membarrier takes the command and two integer arguments and touches no memory of
+    // ours.
+    unsafe { libc::syscall(libc::SYS_membarrier, cmd, 0, 0) }
+}
+
+/// Whether this process may publish a flag with a plain release store before it reads the
+/// bell's sleeper count ([`Node::ring_bell`]): the store-then-load needs a full fence (an
+/// `xchg` on x86, which waits for every store before it, the header line a peer polls among
+/// them) unless every sleeper makes each running waker execute one for it. A sleeper does that
+/// with an expedited global `membarrier` after it registers and before it re-checks its
+/// condition ([`Node::park`]), which reaches every process registered here. Registered once
+/// per process; false where the kernel lacks it (before Linux 4.16) or a filter refuses it.
+pub fn asymmetric_fence() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let both = MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
+        let q = membarrier(MEMBARRIER_CMD_QUERY);
+        q >= 0
+            && q & both as libc::c_long == both as libc::c_long
+            && membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0
+    })
 }
 
 impl Node {
@@ -465,6 +498,11 @@ impl Node {
             single_copy: AtomicBool::new(false),
             large_single: AtomicBool::new(false),
             alltoall_single_min: AtomicUsize::new(usize::MAX),
+            publish_order: if asymmetric_fence() {
+                Ordering::Release
+            } else {
+                Ordering::SeqCst
+            },
         };
         if create {
             // SAFETY: header is inside the mapping; the file was zero-filled by set_len. The
@@ -574,9 +612,12 @@ impl Node {
     /// Publish a flag store: wake ranks sleeping on the bell (a futex shared by the node's
     /// processes). Costs one atomic add when nobody sleeps.
     pub fn ring_bell(&self) {
-        // Callers store their flag with SeqCst first. A sleeper registers (SeqCst) before it
-        // reads the bell and re-checks its condition, so either it sees the new flag or we see it
-        // registered and move the bell; nobody sleeps through a store.
+        // Callers store their flag with SeqCst first, or with [`Node::publish_order`]. A
+        // sleeper registers (SeqCst), then has every registered running process execute a
+        // full fence (`membarrier`), before it reads the bell and re-checks its condition, so
+        // either it sees the new flag or we see it registered and move the bell; nobody sleeps
+        // through a store. (The compiler must not read the count before the store either.)
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
         if self.sleepers().load(Ordering::SeqCst) > 0 {
             self.bell().fetch_add(1, Ordering::SeqCst);
             // SAFETY: FUTEX_WAKE on a 4-byte aligned word inside the shared mapping.
@@ -597,6 +638,13 @@ impl Node {
     /// Sleep until the bell rings or `timeout` passes, unless `ready()` already holds.
     pub fn park(&self, ready: impl Fn() -> bool, timeout: Duration) {
         self.sleepers().fetch_add(1, Ordering::SeqCst);
+        // the fence a waker publishing with a release store skipped (see `asymmetric_fence`);
+        // where it fails, a store may go unseen: sleep briefly
+        let timeout = if membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0 {
+            timeout
+        } else {
+            timeout.min(Duration::from_millis(1))
+        };
         let seen = self.bell().load(Ordering::SeqCst);
         if !ready() {
             let ts = libc::timespec {
@@ -687,6 +735,12 @@ impl Node {
     /// The least all-to-all block read directly (see [`Node::set_single_copy`]).
     pub fn alltoall_single_min(&self) -> usize {
         self.alltoall_single_min.load(Ordering::Relaxed)
+    }
+
+    /// The ordering of a small call's flag stores followed by [`Node::ring_bell`]: `Release`
+    /// where sleepers fence for us ([`asymmetric_fence`]), else `SeqCst`.
+    pub fn publish_order(&self) -> Ordering {
+        self.publish_order
     }
 
     /// Did every local rank agree it can read every other's memory?
@@ -898,6 +952,60 @@ mod tests {
         assert_eq!(sweep_job(&d, "-/"), 0, "an empty id removes nothing");
         assert!(other.exists() && other2.exists());
         let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A peer that publishes with [`Node::publish_order`] (a release store where this kernel
+    /// has expedited membarriers) never leaves a parked peer asleep: 300 times a sleeper parks
+    /// with a 5 s timeout and the publisher stores the flag once it is parked; a single lost
+    /// wake-up would cost 5 s.
+    #[test]
+    fn a_parked_peer_wakes_for_every_published_flag() {
+        let d = dir("bell");
+        let path = d.join("railring-bell");
+        let a = Node::open(&path, geo(), vec![0, 1], 0, "h".into(), true).unwrap();
+        let b = Node::open(&path, geo(), vec![0, 1], 1, "h".into(), false).unwrap();
+        assert_eq!(
+            a.publish_order() == Ordering::Release,
+            asymmetric_fence(),
+            "release stores only with the sleepers' fence"
+        );
+        let rounds = 300u64;
+        let sleeper = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let mut slowest = Duration::ZERO;
+            for i in 1..=rounds {
+                let t = std::time::Instant::now();
+                while b.ready(0).load(Ordering::Acquire) < i {
+                    b.park(
+                        || b.ready(0).load(Ordering::Acquire) >= i,
+                        Duration::from_secs(5),
+                    );
+                }
+                slowest = slowest.max(t.elapsed());
+                b.ready(1).store(i, Ordering::SeqCst);
+            }
+            (slowest, t0.elapsed())
+        });
+        for i in 1..=rounds {
+            // publish once the peer sleeps (or after 2 ms: it may not have got there yet)
+            let t = std::time::Instant::now();
+            while a.sleepers().load(Ordering::SeqCst) == 0 && t.elapsed() < Duration::from_millis(2)
+            {
+                std::hint::spin_loop();
+            }
+            a.ready(0).store(i, a.publish_order());
+            a.ring_bell();
+            while a.ready(1).load(Ordering::Acquire) < i {
+                std::thread::yield_now();
+            }
+        }
+        let (slowest, total) = sleeper.join().unwrap();
+        assert!(
+            slowest < Duration::from_secs(2),
+            "a wake-up took {slowest:?} ({total:?} for {rounds})"
+        );
+        drop(a);
+        let _ = std::fs::remove_dir_all(d);
     }
 
     #[test]
