@@ -38,6 +38,7 @@ pub fn measure(
     size: u64,
     inplace: bool,
     table: &[u8],
+    discard_first: bool,
 ) -> Result<(f64, u64), String> {
     let n = be.size();
     let me = be.rank();
@@ -72,6 +73,11 @@ pub fn measure(
     be.expect_calls(o.iters.max(o.warmup));
     run(o.warmup, &mut out)?;
     be.barrier()?;
+    if discard_first {
+        // the run's first timed loop, untimed (see `--discard-first`)
+        run(o.iters, &mut out)?;
+        be.barrier()?;
+    }
     let t0 = Instant::now();
     run(o.iters, &mut out)?;
     let us = t0.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
@@ -171,7 +177,8 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
             } else {
                 Vec::new()
             };
-            for &size in &o.sizes() {
+            for (i, &size) in o.sizes().iter().enumerate() {
+                let first = o.discard_first && i == 0 && rows.is_empty();
                 let l = layout(c, size, dtype, n);
                 let call = Call {
                     coll: c,
@@ -179,8 +186,8 @@ pub fn run_with(be: &dyn Backend, o: &Options) -> Result<u64, String> {
                     op,
                     root: o.root,
                 };
-                let (t_oop, w_oop) = measure(be, o, &call, size, false, &table)?;
-                let (t_ip, w_ip) = measure(be, o, &call, size, true, &table)?;
+                let (t_oop, w_oop) = measure(be, o, &call, size, false, &table, first)?;
+                let (t_ip, w_ip) = measure(be, o, &call, size, true, &table, false)?;
                 let sz = l.size_bytes as f64;
                 let alg = |t: f64| if t > 0.0 { sz / t / 1e3 } else { 0.0 };
                 let f = c.bus_factor(n);
