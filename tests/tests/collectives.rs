@@ -355,11 +355,25 @@ fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
 
 #[test]
 fn mismatched_calls_name_both_calls_and_ranks() {
-    for (label, host, mode, other) in [
-        ("shm", "same", "mismatch", "20 x float"),
-        ("tcp", "", "mismatch", "20 x float"),
+    for (label, host, mode, mine, other) in [
+        ("shm", "same", "mismatch", "10 x float", "20 x float"),
+        ("tcp", "", "mismatch", "10 x float", "20 x float"),
         // a small call against a large (chunked) one: neither may wait for the other's flag
-        ("shm small/large", "same", "mismatch-big", "1048576 x float"),
+        (
+            "shm small/large",
+            "same",
+            "mismatch-big",
+            "10 x float",
+            "1048576 x float",
+        ),
+        // two one-round exchanges of different kinds
+        (
+            "shm exchanges",
+            "same",
+            "mismatch-kinds",
+            "all_gather",
+            "all_to_all",
+        ),
     ] {
         let outs = direct(
             2,
@@ -385,7 +399,7 @@ fn mismatched_calls_name_both_calls_and_ranks() {
             );
             let line = &o.stdout;
             assert!(line.contains("collective mismatch"), "{label}: {line}");
-            if line.contains("10 x float") && line.contains(other) {
+            if line.contains(mine) && line.contains(other) {
                 seen += 1;
             }
             let other = 1 - r;

@@ -452,6 +452,24 @@ fn main() {
                 }
             }
         }
+        "mismatch-kinds" => {
+            // one-round small exchanges of different kinds at the same point: rank 0 gathers,
+            // rank 1 exchanges all-to-all (40 bytes each: both beside the header lines)
+            let r = if me == 0 {
+                let mut out = vec![0.0f32; 5 * n];
+                c.all_gather(&[1.0f32; 5], &mut out)
+            } else {
+                let mut out = vec![0.0f32; 5 * n];
+                c.all_to_all(&vec![1.0f32; 5 * n], &mut out)
+            };
+            match r {
+                Ok(()) => println!("rank {me}: no error"),
+                Err(e) => {
+                    println!("rank {me}: ERROR {e}");
+                    std::process::exit(3);
+                }
+            }
+        }
         "stall-split" => {
             let mut b = vec![1.0f32; 1 << 10];
             c.all_reduce(&mut b, ReduceOp::Sum).unwrap();

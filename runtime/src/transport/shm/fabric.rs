@@ -127,6 +127,9 @@ const LINE_SPLIT: usize = 32;
 /// Broadcasts up to this many bytes go in one round through the root's slot: the root writes and
 /// returns, every other rank copies from it.
 const SMALL_BROADCAST: usize = 32 << 10;
+/// All-gather blocks, and all-to-all and reduce-scatter inputs, of at most this many bytes go
+/// in one round beside the header lines ([`ShmFabric::small_exchange`]).
+const SMALL_EXCHANGE: usize = SMALL_BOX;
 /// A reduce of at most this many bytes goes in one round: the others write and return, the
 /// root reduces.
 const SMALL_REDUCE: usize = 32 << 10;
@@ -374,7 +377,11 @@ impl ShmFabric {
                 NodeMode::AllReduceSmall => true,
                 NodeMode::Reduce { .. } => bytes <= SMALL_REDUCE && contiguous,
                 NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
-                _ => false,
+                NodeMode::AllGather => largest <= SMALL_EXCHANGE,
+                NodeMode::AllToAll | NodeMode::ReduceScatter => {
+                    bytes <= SMALL_EXCHANGE && contiguous
+                }
+                NodeMode::AllReduce => false,
             };
         // only header lines and boxes (no staging slot) for single-copy calls and small ones,
         // except an in-place single-copy all-to-all, which stages what its peers read
@@ -392,6 +399,9 @@ impl ShmFabric {
                 }
                 NodeMode::Broadcast { root } => {
                     return self.small_rooted(&call, src, work, bytes, root, false)
+                }
+                NodeMode::AllGather | NodeMode::AllToAll | NodeMode::ReduceScatter => {
+                    return self.small_exchange(&call, base, bytes)
                 }
                 _ => return self.small_allreduce(&call, src, work, bytes),
             }
@@ -1299,6 +1309,94 @@ impl ShmFabric {
         self.wait_all("all-reduce (waiting for peers' data)", g, hdr)?;
         self.check_digests(g, desc, digest, describe)?;
         self.reduce_small_data(g, bytes, dtype, op, work);
+        Ok(())
+    }
+
+    /// The small all-gather, all-to-all or reduce-scatter of `call` in one round, as the small
+    /// all-reduce goes: each rank writes what its peers need — an all-gather its block, the
+    /// others their whole input (`bytes` from offset `base`) — beside its header line (inline
+    /// up to 48 bytes, else in its box), publishes the line, waits for every peer's, and takes
+    /// its part from theirs: one cache line from each peer for the tiny calls, where the staged
+    /// path waits for a flag and then fetches the data from the peer's slot.
+    unsafe fn small_exchange(
+        &mut self,
+        call: &NodeOp<'_>,
+        base: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        let &NodeOp {
+            mode,
+            dtype,
+            op,
+            work,
+            slices,
+            desc,
+            describe,
+            ..
+        } = call;
+        let src = call.input();
+        let (me, l) = (self.node.me, self.local_size());
+        self.gen += 1;
+        let g = self.gen;
+        // (the line or box is free: see slot_free)
+        let hdr = |j: usize| -> &AtomicU64 { &*(self.node.line(j, g) as *const AtomicU64) };
+        // what rank j published, and how many bytes
+        let published = |j: usize| -> usize {
+            if mode == NodeMode::AllGather {
+                slices[j].1
+            } else {
+                bytes
+            }
+        };
+        let (o, n) = slices[me];
+        if mode == NodeMode::AllGather {
+            // (src may stand for a buffer holding only this rank's slice: see NodeOp)
+            std::ptr::copy_nonoverlapping(src.wrapping_add(o), self.small_data(me, g, n), n);
+        } else {
+            std::ptr::copy_nonoverlapping(src.add(base), self.small_data(me, g, bytes), bytes);
+        }
+        let digest = self.publish_desc(g, desc, true);
+        self.node.ring_bell();
+        self.wait_all("collective (waiting for peers' data)", g, hdr)?;
+        self.check_digests(g, desc, digest, describe)?;
+        match mode {
+            NodeMode::AllGather => {
+                for j in (0..l).filter(|&j| j != me) {
+                    let (oj, nj) = slices[j];
+                    let from = self.small_data(j, g, published(j));
+                    std::ptr::copy_nonoverlapping(from, work.add(oj), nj);
+                }
+                if !std::ptr::eq(src, work) {
+                    std::ptr::copy_nonoverlapping(src.wrapping_add(o), work.add(o), n);
+                }
+            }
+            NodeMode::AllToAll => {
+                // peer j's block for this rank sits at this rank's offset in j's input
+                for j in (0..l).filter(|&j| j != me) {
+                    let from = self.small_data(j, g, bytes).add(o - base);
+                    std::ptr::copy_nonoverlapping(from, work.add(slices[j].0), slices[j].1);
+                }
+                if !std::ptr::eq(src, work) {
+                    std::ptr::copy_nonoverlapping(src.add(o), work.add(o), n);
+                }
+            }
+            _ => {
+                // reduce-scatter: this rank's piece of every rank's input, in local-rank order
+                let mut fixed = [std::ptr::null::<u8>(); 64];
+                let heap: Vec<*const u8>;
+                let piece = |j: usize| self.small_data(j, g, bytes).add(o - base) as *const u8;
+                let srcs: &[*const u8] = if l <= fixed.len() {
+                    for (j, p) in fixed.iter_mut().enumerate().take(l) {
+                        *p = piece(j);
+                    }
+                    &fixed[..l]
+                } else {
+                    heap = (0..l).map(piece).collect();
+                    &heap
+                };
+                kernels::reduce_many_raw(dtype, op, work.add(o), srcs, n);
+            }
+        }
         Ok(())
     }
 
