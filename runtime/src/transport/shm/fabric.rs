@@ -232,11 +232,35 @@ impl ShmFabric {
     }
 
     /// Wait until `flag(j) >= target` for every local j, checking peers' liveness and the timeout.
+    /// For flags every peer publishes with a sequentially consistent store (the chunked and
+    /// single-copy paths'): a sleeper needs no fence of its own ([`Self::wait_released`]).
     fn wait_all<'a>(
         &'a self,
         what: &str,
         target: u64,
         flag: impl Fn(usize) -> &'a AtomicU64,
+    ) -> Result<()> {
+        self.wait_flags(what, target, flag, false)
+    }
+
+    /// [`Self::wait_all`] for flags a peer may publish with a release store
+    /// ([`super::Node::publish_order`]: a small call's header line and `ready`): a sleeper has
+    /// the wakers fence first ([`super::Node::park`]).
+    fn wait_released<'a>(
+        &'a self,
+        what: &str,
+        target: u64,
+        flag: impl Fn(usize) -> &'a AtomicU64,
+    ) -> Result<()> {
+        self.wait_flags(what, target, flag, true)
+    }
+
+    fn wait_flags<'a>(
+        &'a self,
+        what: &str,
+        target: u64,
+        flag: impl Fn(usize) -> &'a AtomicU64,
+        released: bool,
     ) -> Result<()> {
         let l = self.local_size();
         let mut j = 0;
@@ -280,6 +304,7 @@ impl ShmFabric {
             self.node.park(
                 || flag(j).load(Ordering::SeqCst) >= target,
                 Duration::from_millis(20),
+                released,
             );
             if checked.elapsed() < Duration::from_millis(50) {
                 continue;
@@ -1175,7 +1200,7 @@ impl ShmFabric {
         if self.seen >= target {
             return Ok(());
         }
-        self.wait_all(
+        self.wait_released(
             "collective (waiting for a peer to finish an earlier call)",
             target,
             |j| self.node.ready(j),
@@ -1231,7 +1256,7 @@ impl ShmFabric {
             if me != root {
                 return Ok(());
             }
-            self.wait_all("reduce (waiting for peers' data)", g, hdr)?;
+            self.wait_released("reduce (waiting for peers' data)", g, hdr)?;
             self.check_digests(g, desc, digest, describe)?;
             self.reduce_small_data(g, bytes, dtype, op, work);
             return Ok(());
@@ -1242,12 +1267,14 @@ impl ShmFabric {
             }
             return Ok(());
         }
-        self.wait_peer(
-            "broadcast (waiting for the root's data)",
-            root,
-            g,
-            hdr(root),
-        )?;
+        let done = AtomicU64::new(u64::MAX);
+        self.wait_released("broadcast (waiting for the root's data)", g, |k| {
+            if k == root {
+                hdr(root)
+            } else {
+                &done
+            }
+        })?;
         // the root's header line, its generation seen: the digest is the root's for this call
         let theirs =
             (*(self.node.line(root, g).add(8) as *const AtomicU64)).load(Ordering::Relaxed);
@@ -1306,7 +1333,7 @@ impl ShmFabric {
         std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
-        self.wait_all("all-reduce (waiting for peers' data)", g, hdr)?;
+        self.wait_released("all-reduce (waiting for peers' data)", g, hdr)?;
         self.check_digests(g, desc, digest, describe)?;
         self.reduce_small_data(g, bytes, dtype, op, work);
         Ok(())
@@ -1357,7 +1384,7 @@ impl ShmFabric {
         }
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
-        self.wait_all("collective (waiting for peers' data)", g, hdr)?;
+        self.wait_released("collective (waiting for peers' data)", g, hdr)?;
         self.check_digests(g, desc, digest, describe)?;
         match mode {
             NodeMode::AllGather => {

@@ -152,7 +152,8 @@ impl Link for ShmLink {
             let can_recv = recv && h2.load(Ordering::SeqCst) != t2.load(Ordering::SeqCst);
             can_send || can_recv || self.node.aborted().is_some()
         };
-        self.node.park(ready, timeout);
+        // (the rings' counters are stored sequentially consistent: no fence needed)
+        self.node.park(ready, timeout, false);
         true
     }
 }
