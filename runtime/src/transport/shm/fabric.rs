@@ -233,7 +233,7 @@ impl ShmFabric {
 
     /// Wait until `flag(j) >= target` for every local j, checking peers' liveness and the timeout.
     /// For flags every peer publishes with a sequentially consistent store (the chunked and
-    /// single-copy paths'): a sleeper needs no fence of its own ([`Self::wait_released`]).
+    /// single-copy paths'): a sleeper needs no fence of its own ([`Self::wait_flags`]).
     fn wait_all<'a>(
         &'a self,
         what: &str,
@@ -243,18 +243,9 @@ impl ShmFabric {
         self.wait_flags(what, target, flag, false)
     }
 
-    /// [`Self::wait_all`] for flags a peer may publish with a release store
-    /// ([`super::Node::publish_order`]: a small call's header line and `ready`): a sleeper has
-    /// the wakers fence first ([`super::Node::park`]).
-    fn wait_released<'a>(
-        &'a self,
-        what: &str,
-        target: u64,
-        flag: impl Fn(usize) -> &'a AtomicU64,
-    ) -> Result<()> {
-        self.wait_flags(what, target, flag, true)
-    }
-
+    /// [`Self::wait_all`], where `released`: for flags a peer may publish with a release store
+    /// ([`super::Node::publish_order`]: a small call's header line and `ready`), so a sleeper
+    /// has the wakers fence first ([`super::Node::park`]).
     fn wait_flags<'a>(
         &'a self,
         what: &str,
@@ -1200,10 +1191,11 @@ impl ShmFabric {
         if self.seen >= target {
             return Ok(());
         }
-        self.wait_released(
+        self.wait_flags(
             "collective (waiting for a peer to finish an earlier call)",
             target,
             |j| self.node.ready(j),
+            true,
         )?;
         self.seen = (0..self.local_size())
             .map(|j| self.node.ready(j).load(Ordering::Acquire))
@@ -1256,7 +1248,7 @@ impl ShmFabric {
             if me != root {
                 return Ok(());
             }
-            self.wait_released("reduce (waiting for peers' data)", g, hdr)?;
+            self.wait_flags("reduce (waiting for peers' data)", g, hdr, true)?;
             self.check_digests(g, desc, digest, describe)?;
             self.reduce_small_data(g, bytes, dtype, op, work);
             return Ok(());
@@ -1268,13 +1260,18 @@ impl ShmFabric {
             return Ok(());
         }
         let done = AtomicU64::new(u64::MAX);
-        self.wait_released("broadcast (waiting for the root's data)", g, |k| {
-            if k == root {
-                hdr(root)
-            } else {
-                &done
-            }
-        })?;
+        self.wait_flags(
+            "broadcast (waiting for the root's data)",
+            g,
+            |k| {
+                if k == root {
+                    hdr(root)
+                } else {
+                    &done
+                }
+            },
+            true,
+        )?;
         // the root's header line, its generation seen: the digest is the root's for this call
         let theirs =
             (*(self.node.line(root, g).add(8) as *const AtomicU64)).load(Ordering::Relaxed);
@@ -1333,7 +1330,7 @@ impl ShmFabric {
         std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
-        self.wait_released("all-reduce (waiting for peers' data)", g, hdr)?;
+        self.wait_flags("all-reduce (waiting for peers' data)", g, hdr, true)?;
         self.check_digests(g, desc, digest, describe)?;
         self.reduce_small_data(g, bytes, dtype, op, work);
         Ok(())
@@ -1384,7 +1381,7 @@ impl ShmFabric {
         }
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
-        self.wait_released("collective (waiting for peers' data)", g, hdr)?;
+        self.wait_flags("collective (waiting for peers' data)", g, hdr, true)?;
         self.check_digests(g, desc, digest, describe)?;
         match mode {
             NodeMode::AllGather => {
