@@ -335,8 +335,25 @@ impl ShmFabric {
     /// Wait until local rank `j`'s `flag` reaches `target` (liveness and timeout checked as in
     /// [`Self::wait_all`], naming `j` alone).
     fn wait_peer(&self, what: &str, j: usize, target: u64, flag: &AtomicU64) -> Result<()> {
+        self.wait_peer_flag(what, j, target, flag, false)
+    }
+
+    /// [`Self::wait_peer`], `released` as in [`Self::wait_flags`].
+    fn wait_peer_flag(
+        &self,
+        what: &str,
+        j: usize,
+        target: u64,
+        flag: &AtomicU64,
+        released: bool,
+    ) -> Result<()> {
         let done = AtomicU64::new(u64::MAX);
-        self.wait_all(what, target, |k| if k == j { flag } else { &done })
+        self.wait_flags(
+            what,
+            target,
+            |k| if k == j { flag } else { &done },
+            released,
+        )
     }
 
     /// Run one in-node collective (see [`crate::transport::NodeFabric::node_op`]), reading this rank's
@@ -401,12 +418,12 @@ impl ShmFabric {
             };
         // only header lines and boxes (no staging slot) for single-copy calls and small ones,
         // except an in-place single-copy all-to-all, which stages what its peers read
-        let stages = if single {
-            self.alltoall_stages(mode, src, work, largest).is_some()
+        let staged = if single {
+            self.alltoall_stages(mode, src, work, largest)
         } else {
-            !(small && bytes <= SMALL_BOX)
+            None
         };
-        self.slot_free(stages)?;
+        self.slot_free(staged.is_some() || !(single || small && bytes <= SMALL_BOX))?;
         if small {
             let (src, work) = (src.add(base), work.add(base));
             match mode {
@@ -423,7 +440,7 @@ impl ShmFabric {
             }
         }
         if single {
-            return self.single_copy(&call);
+            return self.single_copy(&call, staged);
         }
         // a large reduce runs as the all-reduce, with only the root copying the result out
         let (mode, root) = match mode {
@@ -437,7 +454,7 @@ impl ShmFabric {
                 (slot & !63, slices.iter().map(|s| s.1).max().unwrap_or(0))
             }
             _ => (
-                (slot / l) & !63,
+                self.piece_cap(),
                 slices.iter().map(|s| s.1).max().unwrap_or(0),
             ),
         };
@@ -593,8 +610,9 @@ impl ShmFabric {
     /// choice depends only on the call's shape, so all local ranks take this path together.
     /// All-gather: each rank then says it is done and returns once every peer is, since they
     /// read its buffer. All-to-all goes pairwise ([`Self::pairwise_all_to_all`]), which also
-    /// works in place; broadcast: [`Self::single_copy_broadcast`].
-    unsafe fn single_copy(&mut self, call: &NodeOp<'_>) -> Result<()> {
+    /// works in place (`staged`: [`Self::alltoall_stages`] of the call); broadcast:
+    /// [`Self::single_copy_broadcast`].
+    unsafe fn single_copy(&mut self, call: &NodeOp<'_>, staged: Option<usize>) -> Result<()> {
         let &NodeOp {
             mode,
             work,
@@ -628,10 +646,8 @@ impl ShmFabric {
             };
             (*(line.add(LINE_SPLIT) as *const AtomicU64)).store(split as u64, Ordering::Relaxed);
         }
-        // an in-place all-to-all copies the blocks its peers read into its slot (it overwrites
-        // its buffer as it reads theirs) and says so where a broadcast says its split
-        let largest = slices.iter().map(|s| s.1).max().unwrap_or(0);
-        let staged = self.alltoall_stages(mode, input, work, largest);
+        // an in-place all-to-all copies the blocks its peers read into its slot (`staged`: it
+        // overwrites its buffer as it reads theirs) and says so where a broadcast says its split
         if mode == NodeMode::AllToAll {
             if let Some(piece_cap) = staged {
                 let mine = self.node.chunk_area(me, (g % NSLOT as u64) as usize);
@@ -1013,6 +1029,12 @@ impl ShmFabric {
         result
     }
 
+    /// Bytes of a slot's data each local rank's piece may take (a multiple of 64): piece j of a
+    /// chunk sits at `j * piece_cap` of the slot's data.
+    fn piece_cap(&self) -> usize {
+        ((self.node.geo.slot_bytes - SMALL_HDR) / self.local_size()) & !63
+    }
+
     /// Whether this rank's in-place single-copy all-to-all copies the blocks its peers read into
     /// its slot first (`Some(bytes per block in the slot)`): in place only, with blocks of at
     /// most `largest` bytes that fit. Its peers then copy them out of the slot, and it reads
@@ -1025,7 +1047,7 @@ impl ShmFabric {
         work: *mut u8,
         largest: usize,
     ) -> Option<usize> {
-        let piece_cap = ((self.node.geo.slot_bytes - SMALL_HDR) / self.local_size().max(1)) & !63;
+        let piece_cap = self.piece_cap();
         (mode == NodeMode::AllToAll && std::ptr::eq(input, work) && largest <= piece_cap)
             .then_some(piece_cap)
     }
@@ -1046,9 +1068,8 @@ impl ShmFabric {
         if staged == 0 {
             return self.read_peer(j, g, dst, off, n);
         }
-        let piece_cap = ((self.node.geo.slot_bytes - SMALL_HDR) / self.local_size().max(1)) & !63;
         let from = self.node.chunk_area(j, (g % NSLOT as u64) as usize);
-        std::ptr::copy_nonoverlapping(from.add(self.node.me * piece_cap), dst, n);
+        std::ptr::copy_nonoverlapping(from.add(self.node.me * self.piece_cap()), dst, n);
         Ok(())
     }
 
@@ -1250,7 +1271,7 @@ impl ShmFabric {
             }
             self.wait_flags("reduce (waiting for peers' data)", g, hdr, true)?;
             self.check_digests(g, desc, digest, describe)?;
-            self.reduce_small_data(g, bytes, dtype, op, work);
+            self.reduce_small_data(g, bytes, 0, bytes, dtype, op, work);
             return Ok(());
         }
         if me == root {
@@ -1259,17 +1280,11 @@ impl ShmFabric {
             }
             return Ok(());
         }
-        let done = AtomicU64::new(u64::MAX);
-        self.wait_flags(
+        self.wait_peer_flag(
             "broadcast (waiting for the root's data)",
+            root,
             g,
-            |k| {
-                if k == root {
-                    hdr(root)
-                } else {
-                    &done
-                }
-            },
+            hdr(root),
             true,
         )?;
         // the root's header line, its generation seen: the digest is the root's for this call
@@ -1332,7 +1347,7 @@ impl ShmFabric {
         self.node.ring_bell();
         self.wait_flags("all-reduce (waiting for peers' data)", g, hdr, true)?;
         self.check_digests(g, desc, digest, describe)?;
-        self.reduce_small_data(g, bytes, dtype, op, work);
+        self.reduce_small_data(g, bytes, 0, bytes, dtype, op, work);
         Ok(())
     }
 
@@ -1404,54 +1419,43 @@ impl ShmFabric {
                     std::ptr::copy_nonoverlapping(src.add(o), work.add(o), n);
                 }
             }
-            _ => {
-                // reduce-scatter: this rank's piece of every rank's input, in local-rank order
-                let mut fixed = [std::ptr::null::<u8>(); 64];
-                let heap: Vec<*const u8>;
-                let piece = |j: usize| self.small_data(j, g, bytes).add(o - base) as *const u8;
-                let srcs: &[*const u8] = if l <= fixed.len() {
-                    for (j, p) in fixed.iter_mut().enumerate().take(l) {
-                        *p = piece(j);
-                    }
-                    &fixed[..l]
-                } else {
-                    heap = (0..l).map(piece).collect();
-                    &heap
-                };
-                kernels::reduce_many_raw(dtype, op, work.add(o), srcs, n);
-            }
+            // reduce-scatter: this rank's piece of every rank's input
+            _ => self.reduce_small_data(g, bytes, o - base, n, dtype, op, work.add(o)),
         }
         Ok(())
     }
 
-    /// Reduce every local rank's small data of generation `g` into `work`, in local-rank order
-    /// (so every rank that does it gets identical results).
+    /// Reduce `n` bytes at offset `off` of every local rank's small data of generation `g` (each
+    /// `bytes` long) into `dst`, in local-rank order (so every rank that does it gets identical
+    /// results).
     ///
     /// # Safety
-    /// Every rank's data of `g` is published; `work` valid for `bytes` of writes.
+    /// Every rank's data of `g` is published; `dst` valid for `n` bytes of writes.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn reduce_small_data(
         &self,
         g: u64,
         bytes: usize,
+        off: usize,
+        n: usize,
         dtype: railring_collectives::DataType,
         op: railring_collectives::ReduceOp,
-        work: *mut u8,
+        dst: *mut u8,
     ) {
         let l = self.local_size();
+        let piece = |j: usize| self.small_data(j, g, bytes).add(off) as *const u8;
         let mut fixed = [std::ptr::null::<u8>(); 64];
         let heap: Vec<*const u8>;
         let srcs: &[*const u8] = if l <= fixed.len() {
             for (j, p) in fixed.iter_mut().enumerate().take(l) {
-                *p = self.small_data(j, g, bytes);
+                *p = piece(j);
             }
             &fixed[..l]
         } else {
-            heap = (0..l)
-                .map(|j| self.small_data(j, g, bytes) as *const u8)
-                .collect();
+            heap = (0..l).map(piece).collect();
             &heap
         };
-        kernels::reduce_many_raw(dtype, op, work, srcs, bytes);
+        kernels::reduce_many_raw(dtype, op, dst, srcs, n);
     }
 
     /// Publish this rank's call for generation `g`: the full descriptor in the control block,
