@@ -20,6 +20,7 @@
 //! Links to peers are the transport's ([`crate::transport::links::LinkTable`]); the executor gets
 //! them through the [`Links`](crate::transport::links::Links) trait.
 
+mod bias;
 mod binding;
 mod call;
 #[cfg(feature = "cuda")]
@@ -52,7 +53,7 @@ pub struct Communicator {
 /// What every handle of one communicator shares: its state, the call-order tickets and the
 /// worker, plus the facts that never change (read without a lock).
 struct Shared {
-    inner: Mutex<Inner>,
+    inner: bias::BiasedLock<Inner>,
     turn: Mutex<order::Turn>,
     turn_cv: Condvar,
     worker: Mutex<Option<mpsc::Sender<order::Queued>>>,
@@ -140,8 +141,8 @@ impl Communicator {
         g.plan(kind, algo, count, root).map(|p| (*p).clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.sh.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> bias::BiasedGuard<'_, Inner> {
+        self.sh.inner.lock()
     }
 
     // ---- collectives ----

@@ -202,7 +202,7 @@ impl Communicator {
             }
         }
         let r = {
-            let mut g = sh.inner.lock().unwrap_or_else(|e| e.into_inner());
+            let mut g = sh.inner.lock();
             Inner::guarded(&mut g, f)
         };
         let mut t = sh.turn.lock().unwrap_or_else(|e| e.into_inner());
@@ -215,7 +215,8 @@ impl Communicator {
 
     pub(super) fn blocking<R>(&self, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
         // Until a non-blocking call has started the worker, calls run in the caller's order and
-        // need no tickets: the fast path for small messages is one uncontended lock.
+        // need no tickets: the fast path for small messages is one uncontended lock
+        // (on the owner thread two plain stores: see `bias`).
         let worker_started = self
             .sh
             .worker_started

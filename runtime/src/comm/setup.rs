@@ -615,7 +615,7 @@ impl Communicator {
         let inner = Inner::new(rank, comm, layout, world, links, fabric);
         Communicator {
             sh: Arc::new(Shared {
-                inner: Mutex::new(inner),
+                inner: super::bias::BiasedLock::new(inner),
                 turn: Mutex::new(Default::default()),
                 turn_cv: Condvar::new(),
                 worker: Mutex::new(None),

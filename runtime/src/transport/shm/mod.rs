@@ -468,6 +468,13 @@ pub fn asymmetric_fence() -> bool {
     })
 }
 
+/// The heavy side of [`asymmetric_fence`]: makes every running thread of every registered
+/// process (this one's included) execute a full memory barrier before it returns. False when it
+/// failed (or was never available): the caller must not rely on it then.
+pub fn heavy_fence() -> bool {
+    asymmetric_fence() && membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0
+}
+
 impl Node {
     /// Create (leader) or open (others) the node segment at `path`. The leader creates it; the
     /// caller unlinks it once every local rank has mapped it.
