@@ -24,6 +24,7 @@
 //! `fabric.rs` (the collectives), `link.rs` (the point-to-point rings).
 
 mod fabric;
+mod hint;
 mod link;
 
 pub use fabric::{ShmFabric, SINGLE_COPY_ALLTOALL_MIN};
