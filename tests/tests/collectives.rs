@@ -329,6 +329,25 @@ fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
     ));
 }
 
+/// One-way small calls on one node let the writers run ahead of the readers by up to a ring of
+/// header lines (and, where the node is not crowded, wait for half a ring at once when they get
+/// there): a broadcast's root and a reduce's other ranks write call after call while the
+/// readers pause now and then. Every call's values are its own, so a line or box reused before
+/// its reader took it shows as a wrong element. 2 ranks, and 3 (a reduce with two writers).
+#[test]
+fn one_way_small_calls_whose_writers_run_ahead_stay_exact() {
+    for n in [2, 3] {
+        let outs = direct(
+            n,
+            &["run-ahead"],
+            &[],
+            |_| "same".into(),
+            Duration::from_secs(120),
+        );
+        all_ok(&outs);
+    }
+}
+
 #[test]
 fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
     all_ok(&direct(

@@ -9,6 +9,9 @@
 //!   die-before     rank 1 exits 7 before the collective; the others print their error, exit 3
 //!   stall          rank 1 sleeps instead of calling; the others print their error, exit 3
 //!   stall-split    the same with a split instead of an all-reduce
+//!   run-ahead      one-way small calls (broadcasts, then reduces) of 2 to 1024 elements, each
+//!                  call's values its own, where the ranks that only write run far ahead of the
+//!                  readers, which pause now and then; every result checked; prints "OK rank R"
 use half::{bf16, f16};
 use railring::{Communicator, Element, ReduceOp};
 
@@ -438,6 +441,48 @@ fn main() {
                 name.unwrap_or_default(),
                 c.net_bytes_sent()
             );
+        }
+        "run-ahead" => {
+            // call k's value at element i: distinct per call, so a reader that took a line or
+            // box a writer had already reused for a later call reads the wrong call's data
+            let v = |k: usize, r: usize, i: usize| ((k * 7 + r * 3 + i) % 1000) as f32;
+            let pause = |k: usize| {
+                if k % 97 == 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(3));
+                }
+            };
+            for count in [2usize, 16, 128, 1024] {
+                for k in 0..300 {
+                    // root 0 writes and returns; the others read (and pause)
+                    let mut b: Vec<f32> = if me == 0 {
+                        (0..count).map(|i| v(k, 0, i)).collect()
+                    } else {
+                        vec![-1.0; count]
+                    };
+                    if me != 0 {
+                        pause(k);
+                    }
+                    c.broadcast(&mut b, 0).unwrap();
+                    check(&format!("broadcast {count} call {k}"), &b, |i| {
+                        Some(v(k, 0, i))
+                    });
+                }
+                for k in 0..300 {
+                    // the others write and return; the root reads (and pauses)
+                    let input: Vec<f32> = (0..count).map(|i| v(k, me, i)).collect();
+                    let mut out = vec![-1.0f32; count];
+                    if me == 0 {
+                        pause(k);
+                    }
+                    c.reduce(&input, &mut out, ReduceOp::Sum, 0).unwrap();
+                    if me == 0 {
+                        check(&format!("reduce {count} call {k}"), &out, |i| {
+                            Some((0..n).map(|r| v(k, r, i)).sum())
+                        });
+                    }
+                }
+            }
+            println!("OK rank {me} run-ahead");
         }
         "mismatch" | "mismatch-big" => {
             // -big: rank 1's call is large (chunked in shared memory), rank 0's small

@@ -10,6 +10,9 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How much further than a line's reuse needs a rank a full ring of header lines ahead waits
+/// for its slowest peer ([`ShmFabric::slot_free`]).
+const SLOT_FREE_AHEAD: u64 = NHDR as u64 / 2;
 /// Small calls hand their data's cache lines over ([`ShmFabric::hand_over`]) up to this many
 /// bytes in the box.
 const HAND_OVER_BOX: usize = 512;
@@ -178,11 +181,12 @@ pub struct ShmFabric {
     pub node: Arc<Node>,
     /// The cache-line hand-over hints this CPU has (small calls: [`Self::hand_over`]).
     hints: super::hint::Hints,
-    /// Whether the small all-reduce, all-gather, all-to-all and reduce-scatter hand their lines
-    /// over too: not where ranks outnumber CPUs (there they took 2-5 % longer, 4 ranks on 2
+    /// The node's ranks outnumber its CPUs. Then the small all-reduce, all-gather, all-to-all
+    /// and reduce-scatter do not hand their lines over (they took 2-5 % longer, 4 ranks on 2
     /// CPUs, 64-512 B, where the rooted calls gained: broadcast 64 B 0.29 -> 0.215 µs, reduce
-    /// 64 B 0.48 -> 0.34).
-    exchange_hints: bool,
+    /// 64 B 0.48 -> 0.34), and a rank far ahead waits for its peers one line at a time
+    /// ([`Self::slot_free`]: half a ring at once was as often slower as faster there).
+    oversubscribed: bool,
     gen: u64,
     pub timeout: Duration,
     pub rank: usize,
@@ -234,7 +238,7 @@ impl ShmFabric {
             },
             scratch: Vec::new(),
             hints: super::hint::Hints::detect(),
-            exchange_hints: !oversubscribed,
+            oversubscribed,
             seen: 0,
         }
     }
@@ -1224,17 +1228,30 @@ impl ShmFabric {
         if self.seen >= target {
             return Ok(());
         }
+        // A rank a full ring of header lines ahead waits until the slowest peer is half a ring
+        // further (it has published up to gen - 1 already, so every peer can get there), then
+        // checks nothing for that many calls: waiting for one line at a time put the peer's
+        // `ready` line on every call's path, read here while the peer writes it (2 ranks,
+        // railperf -n 30000 -z 1, µs: broadcast 64 B 0.10 -> 0.07, reduce 64 B 0.14 -> 0.11;
+        // all-reduce unchanged). Not where ranks outnumber CPUs (see `oversubscribed`).
+        let until = if slot || self.oversubscribed {
+            target
+        } else {
+            (target + SLOT_FREE_AHEAD)
+                .min(self.gen.saturating_sub(1))
+                .max(target)
+        };
         self.wait_flags(
             "collective (waiting for a peer to finish an earlier call)",
-            target,
+            until,
             |j| self.node.ready(j),
             true,
         )?;
         self.seen = (0..self.local_size())
             .map(|j| self.node.ready(j).load(Ordering::Acquire))
             .min()
-            .unwrap_or(target)
-            .max(target);
+            .unwrap_or(until)
+            .max(until);
         Ok(())
     }
 
@@ -1363,7 +1380,7 @@ impl ShmFabric {
         std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
-        if self.exchange_hints {
+        if !self.oversubscribed {
             self.hand_over(g, bytes, true, true);
         }
         self.wait_flags("all-reduce (waiting for peers' data)", g, hdr, true)?;
@@ -1417,7 +1434,7 @@ impl ShmFabric {
         }
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
-        if self.exchange_hints {
+        if !self.oversubscribed {
             self.hand_over(g, published(me), true, true);
         }
         self.wait_flags("collective (waiting for peers' data)", g, hdr, true)?;
