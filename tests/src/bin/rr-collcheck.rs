@@ -447,7 +447,7 @@ fn main() {
             // box a writer had already reused for a later call reads the wrong call's data
             let v = |k: usize, r: usize, i: usize| ((k * 7 + r * 3 + i) % 1000) as f32;
             let pause = |k: usize| {
-                if k % 97 == 0 {
+                if k.is_multiple_of(97) {
                     std::thread::sleep(std::time::Duration::from_millis(3));
                 }
             };
