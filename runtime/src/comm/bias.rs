@@ -143,6 +143,19 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// Take the lock `n` times, each time checking that nobody else holds it (the `.1` mark)
+    /// and counting (`.0`).
+    fn hold_and_count(l: &BiasedLock<(u64, bool)>, n: usize) {
+        for _ in 0..n {
+            let mut g = l.lock();
+            assert!(!g.1, "two holders at once");
+            g.1 = true;
+            g.0 += 1;
+            std::hint::spin_loop();
+            g.1 = false;
+        }
+    }
+
     #[test]
     fn the_owner_and_other_threads_never_hold_it_together() {
         let l = Arc::new(BiasedLock::new((0u64, false)));
@@ -157,25 +170,11 @@ mod tests {
             .map(|_| {
                 let l = l.clone();
                 std::thread::spawn(move || {
-                    for _ in 0..20_000 {
-                        let mut g = l.lock();
-                        assert!(!g.1, "two holders at once");
-                        g.1 = true;
-                        g.0 += 1;
-                        std::hint::spin_loop();
-                        g.1 = false;
-                    }
+                    hold_and_count(&l, 20_000);
                 })
             })
             .collect();
-        for _ in 0..20_000 {
-            let mut g = l.lock();
-            assert!(!g.1, "two holders at once");
-            g.1 = true;
-            g.0 += 1;
-            std::hint::spin_loop();
-            g.1 = false;
-        }
+        hold_and_count(&l, 20_000);
         for t in others {
             t.join().unwrap();
         }

@@ -48,20 +48,12 @@ impl Hints {
     /// Push the `lines` cache lines from `p` towards the shared cache.
     #[inline]
     pub(super) fn demote(&self, p: *const u8, lines: usize) {
+        // SAFETY (both hints): a hint on the line holding the address; it neither reads nor
+        // writes memory and does not fault, whatever the address.
         #[cfg(target_arch = "x86_64")]
-        if self.demote {
-            for k in 0..lines {
-                // SAFETY: CLDEMOTE is a hint on the line holding the address: it neither reads
-                // nor writes memory and does not fault.
-                unsafe {
-                    std::arch::asm!(
-                        "cldemote [{0}]",
-                        in(reg) p.wrapping_add(k * 64),
-                        options(nostack, preserves_flags, readonly)
-                    )
-                };
-            }
-        }
+        each_line(self.demote, p, lines, |a| unsafe {
+            std::arch::asm!("cldemote [{0}]", in(reg) a, options(nostack, preserves_flags, readonly))
+        });
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (p, lines);
     }
@@ -69,21 +61,24 @@ impl Hints {
     /// Ask for ownership of the `lines` cache lines from `p` ahead of writing them.
     #[inline]
     pub(super) fn own(&self, p: *const u8, lines: usize) {
+        // SAFETY: as in `demote`.
         #[cfg(target_arch = "x86_64")]
-        if self.own {
-            for k in 0..lines {
-                // SAFETY: PREFETCHW is a hint: it changes no memory and does not fault.
-                unsafe {
-                    std::arch::asm!(
-                        "prefetchw [{0}]",
-                        in(reg) p.wrapping_add(k * 64),
-                        options(nostack, preserves_flags, readonly)
-                    )
-                };
-            }
-        }
+        each_line(self.own, p, lines, |a| unsafe {
+            std::arch::asm!("prefetchw [{0}]", in(reg) a, options(nostack, preserves_flags, readonly))
+        });
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (p, lines);
+    }
+}
+
+/// `hint` on each of the `lines` cache lines from `p`, when the CPU has it (`on`).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn each_line(on: bool, p: *const u8, lines: usize, hint: impl Fn(*const u8)) {
+    if on {
+        for k in 0..lines {
+            hint(p.wrapping_add(k * 64));
+        }
     }
 }
 
