@@ -1297,7 +1297,7 @@ impl ShmFabric {
             g,
             bytes,
             if reduce { me != root } else { me == root },
-            !reduce,
+            !reduce || (me != root && !self.oversubscribed),
         );
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.line(j, g) as *const AtomicU64) };
         if reduce {
@@ -1537,9 +1537,10 @@ impl ShmFabric {
     /// 2 ranks, railperf -n 30000 -z 1, 4 interleaved launches, medians µs out of place (Open
     /// MPI): broadcast 8 B 0.10 -> 0.07 (0.08), 64 B 0.11 -> 0.095 (0.165); reduce 512 B 0.175
     /// -> 0.13 (1.03); all-reduce 64 B 0.375 -> 0.29 (0.45); all-gather 512 B 0.445 -> 0.345
-    /// (0.535); all-to-all 64 B 0.39 -> 0.33 (0.405). Owning the next header line made a
-    /// reduce of 8 B slower (0.10 -> 0.12: the root polls the writers' lines, and the writer's
-    /// next line sits beside the one polled), so a reduce leaves it; boxes of 4 KiB took 0.33
+    /// (0.535); all-to-all 64 B 0.39 -> 0.33 (0.405). A reduce's writers owning their next
+    /// header line took 8 B from 0.10 to 0.08 (0.10); its root owning its own too made it 0.12
+    /// (it polls the writers' lines), so the root leaves it, and so do the writers where ranks
+    /// outnumber CPUs (4 ranks, 8 B: 0.276 against 0.301 with); boxes of 4 KiB took 0.33
     /// -> 0.78 µs to broadcast with 64 lines handed over each way, and out of place even the
     /// header line's hints cost it (0.33 -> 0.45), hence the limit.
     fn hand_over(&self, g: u64, bytes: usize, read: bool, own_line: bool) {
