@@ -1237,9 +1237,8 @@ impl ShmFabric {
         let until = if slot || self.oversubscribed {
             target
         } else {
-            (target + SLOT_FREE_AHEAD)
-                .min(self.gen.saturating_sub(1))
-                .max(target)
+            // (gen - 1 is never below target: NHDR >= 3)
+            (target + SLOT_FREE_AHEAD).min(self.gen.saturating_sub(1))
         };
         self.wait_flags(
             "collective (waiting for a peer to finish an earlier call)",
