@@ -273,6 +273,25 @@ fn main() {
             check("large all_reduce_into", &out, |i| {
                 Some(expect::<f32>(n, i, ReduceOp::Sum))
             });
+            // a large reduce, out of place and in place: many chunks through the slots, the
+            // reduced pieces written into the root's result by the others
+            let root = n - 1;
+            let mut red = vec![-1f32; big];
+            c.reduce(&input, &mut red, ReduceOp::Sum, root).unwrap();
+            if me == root {
+                check("large reduce", &red, |i| {
+                    Some(expect::<f32>(n, i, ReduceOp::Sum))
+                });
+            }
+            let mut buf = input.clone();
+            c.reduce_in_place(&mut buf, ReduceOp::Max, 0).unwrap();
+            check("large reduce_in_place", &buf, |i| {
+                Some(if me == 0 {
+                    expect::<f32>(n, i, ReduceOp::Max)
+                } else {
+                    input[i]
+                })
+            });
             // non-blocking: several in flight, computing meanwhile, waited in order
             let ops: Vec<_> = (0..4)
                 .map(|k| {

@@ -120,6 +120,19 @@ const FAST_KERNEL_BROADCAST_MIN: usize = 16 << 10;
 /// 187 / 146, 211 / 143, 233 / 169 (397 / 411); 8 MiB (1/2, 5/8) 1046 / 861, 995 / 1048, and
 /// 16 MiB 2367 / 1751, 2182 / 2218 (1556 / 1585, 3157 / 3340).
 const SINGLE_COPY_REDUCE_EVEN: usize = 1 << 20;
+/// From this many bytes a reduce on more than two local ranks (or two whose kernel copies
+/// slowly), which runs as the pipelined all-reduce, has the other ranks write their reduced
+/// pieces into the root's result (`process_vm_writev`, from a bounce buffer in their cache of
+/// [`SINGLE_COPY_REDUCE_PIECE`] bytes) instead of into their slots for the root to copy out: the
+/// root's copy-out was its CPU's last pass, alone, and the slot a pass more. railperf reduce -z
+/// 1, 4 ranks on 2 CPUs, medians of 6 (4 from 4 MiB) interleaved launches, µs out of place / in
+/// place, through slots against written (Open MPI): 64 KiB 16.7 / 17.3 against 18.6 / 19.9
+/// (17.9 / 17.9), 128 KiB 28.5 / 29.5 against 28.8 / 31.5 (30.0 / 79.3), 256 KiB 61.1 / 63.6
+/// against 52.7 / 57.6 (62.1 / 175.9), 1 MiB 326 / 287 against 284 / 286 (581 / 1150), 2 MiB
+/// 654 / 639 against 551 / 562 (1250 / 2501), 8 MiB 2600 / 2515 against 2075 / 2080 (4681 /
+/// 10390); 3 ranks, 2 MiB 617 / 615 against 552 / 514 (1159 / 1117), 8 MiB 2701 / 2549
+/// against 2072 / 2053 (4551 / 4483).
+const REDUCE_WRITE_MIN: usize = 256 << 10;
 /// Bytes of the peer's input a single-copy reduce reads per system call, into a bounce buffer
 /// that stays in the reducing rank's cache (256 KiB with the root reducing all of it: 16, 32,
 /// 64, 128 KiB and whole measured 21.4, 19.3, 17.8, 16.3 and 16.5 µs out of place).
@@ -458,7 +471,8 @@ impl ShmFabric {
         if single {
             return self.single_copy(&call, staged);
         }
-        // a large reduce runs as the all-reduce, with only the root copying the result out
+        // a large reduce runs as the all-reduce, with only the root getting the result (copied
+        // out by the root, or from REDUCE_WRITE_MIN written into it by the others)
         let (mode, root) = match mode {
             NodeMode::AllReduceSmall => (NodeMode::AllReduce, None),
             NodeMode::Reduce { root } => (NodeMode::AllReduce, Some(root)),
@@ -1118,7 +1132,9 @@ impl ShmFabric {
     /// its last read of our slot for chunk c-2. Across calls, the last chunk waits for every
     /// `reduced`, which keeps the invariant the other modes rely on (see [`Self::run`]).
     /// `src`: the call's input ([`NodeOp::input`]). `root`: a reduce to that local rank — the
-    /// others neither write their result nor copy pieces out.
+    /// others neither write their result nor copy pieces out; the root reduces its piece into
+    /// its result only, and from [`REDUCE_WRITE_MIN`] the others write their reduced pieces
+    /// into it (before they publish `reduced`, which the root waits for on the last chunk).
     unsafe fn allreduce_chunks(
         &mut self,
         call: &NodeOp<'_>,
@@ -1142,6 +1158,7 @@ impl ShmFabric {
         let esz = dtype.size();
         // whether this rank needs the result (not a reduce's other ranks)
         let result = root.is_none_or(|r| r == me);
+        let total: usize = slices.iter().map(|s| s.1).sum();
         let base = self.gen;
         self.gen += nchunks as u64;
         let gen_of = |c: usize| base + 1 + c as u64;
@@ -1161,8 +1178,22 @@ impl ShmFabric {
             node.ready(me).store(gen_of(c), Ordering::SeqCst);
             node.ring_bell();
         };
+        // a large reduce's other ranks write their reduced pieces straight into the root's
+        // result (see REDUCE_WRITE_MIN), which the root publishes beside its descriptor
+        let writev = root.is_some() && self.node.single_copy() && total >= REDUCE_WRITE_MIN;
+        if writev && result {
+            let line = self.node.line(me, gen_of(0));
+            (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
+        }
         self.publish_desc(gen_of(0), desc, false);
         copy_in(0);
+        let mut bounce = Vec::new();
+        if writev && !result {
+            bounce = std::mem::take(&mut self.scratch);
+            bounce.clear();
+            bounce.reserve(SINGLE_COPY_REDUCE_PIECE);
+        }
+        let mut failed = Ok(());
         for c in 0..nchunks {
             let (g, s) = (gen_of(c), slot_of(c));
             self.wait_all("collective (waiting for peers' data)", g, |j| {
@@ -1175,30 +1206,56 @@ impl ShmFabric {
             // own result
             let (o, n) = piece(c, me);
             let srcs = self.piece_sources(s, piece_cap, src.add(o));
-            kernels::reduce_many_dual(
-                dtype,
-                op,
-                node.chunk_area(me, s).add(me * piece_cap),
-                result.then(|| (work.add(o), stream)),
-                &srcs,
-                n,
-            );
+            if writev && !result {
+                // reduced a bounce-sized part at a time in the cache, then written out
+                let r = root.unwrap_or(0);
+                let b = bounce.as_mut_ptr();
+                let step = SINGLE_COPY_REDUCE_PIECE - SINGLE_COPY_REDUCE_PIECE % esz;
+                let mut off = 0;
+                while off < n {
+                    let k = step.min(n - off);
+                    let at: Vec<*const u8> = srcs.iter().map(|p| p.add(off)).collect();
+                    kernels::reduce_many_raw(dtype, op, b, &at, k);
+                    failed = self.peer_copy(r, gen_of(0), LINE_RESULT, b, o + off, k, true);
+                    if failed.is_err() {
+                        break;
+                    }
+                    off += k;
+                }
+                if failed.is_err() {
+                    break;
+                }
+            } else if root == Some(me) {
+                // nobody reads a reduce's root's piece from its slot
+                let d = work.add(o);
+                kernels::reduce_many_dual(dtype, op, d, None, &srcs, n);
+            } else {
+                kernels::reduce_many_dual(
+                    dtype,
+                    op,
+                    node.chunk_area(me, s).add(me * piece_cap),
+                    result.then(|| (work.add(o), stream)),
+                    &srcs,
+                    n,
+                );
+            }
             fence(Ordering::Release);
             node.reduced(me).store(g, Ordering::SeqCst);
             node.ring_bell();
             if c + 1 < nchunks {
                 copy_in(c + 1);
             }
-            if !result && c + 1 < nchunks {
-                // a reduce's other rank copies nothing out. Its next chunk's wait for `ready`
-                // still orders it after the root's copy-out of chunk c-1 (whose slot chunk c+2
+            if (!result || writev) && c + 1 < nchunks {
+                // a reduce's other rank copies nothing out, nor does its root when the others
+                // write their pieces into its result. Its next chunk's wait for `ready` still
+                // orders it after the root's copy-out of chunk c-1 (whose slot chunk c+2
                 // reuses), as in the all-reduce.
                 continue;
             }
             self.wait_all("all-reduce (waiting for peers' reductions)", g, |j| {
                 self.node.reduced(j)
             })?;
-            if !result {
+            if !result || writev {
                 // the last chunk: waiting for every `reduced` keeps the invariant across calls
                 continue;
             }
@@ -1212,7 +1269,10 @@ impl ShmFabric {
                 }
             }
         }
-        Ok(())
+        if writev && !result {
+            self.scratch = bounce;
+        }
+        failed
     }
 
     /// Wait until what the next generation g uses is free: its header line, last used by
