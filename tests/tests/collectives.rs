@@ -334,13 +334,19 @@ fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
 /// there): a broadcast's root and a reduce's other ranks write call after call while the
 /// readers pause now and then. Every call's values are its own, so a line or box reused before
 /// its reader took it shows as a wrong element. 2 ranks, and 3 (a reduce with two writers).
+/// Then staged broadcasts (also one way) of more chunks than staging slots, the readers
+/// starting late: with the default slots (4 chunks) and with 16 KiB ones (hundreds).
 #[test]
 fn one_way_small_calls_whose_writers_run_ahead_stay_exact() {
-    for n in [2, 3] {
+    for (n, env) in [
+        (2, &[][..]),
+        (3, &[][..]),
+        (3, &[("RAILRING_SHM_SLOT", "16384")][..]),
+    ] {
         let outs = direct(
             n,
             &["run-ahead"],
-            &[],
+            env,
             |_| "same".into(),
             Duration::from_secs(120),
         );

@@ -501,6 +501,25 @@ fn main() {
                     }
                 }
             }
+            // staged broadcasts of more chunks than staging slots: the root fills slot after
+            // slot while the others start late, so it must wait before refilling a slot a
+            // late reader has not copied out yet
+            for count in [20_000usize, 1_000_000] {
+                for k in 0..24 {
+                    let mut b: Vec<f32> = if me == 0 {
+                        (0..count).map(|i| v(k, 0, i)).collect()
+                    } else {
+                        vec![-1.0; count]
+                    };
+                    if me != 0 && k % 3 == 0 {
+                        std::thread::sleep(std::time::Duration::from_millis(3));
+                    }
+                    c.broadcast(&mut b, 0).unwrap();
+                    check(&format!("broadcast {count} call {k}"), &b, |i| {
+                        Some(v(k, 0, i))
+                    });
+                }
+            }
             println!("OK rank {me} run-ahead");
         }
         "mismatch" | "mismatch-big" => {
