@@ -511,7 +511,7 @@ fn main() {
                     } else {
                         vec![-1.0; count]
                     };
-                    if me != 0 && k % 3 == 0 {
+                    if me != 0 && k.is_multiple_of(3) {
                         std::thread::sleep(std::time::Duration::from_millis(3));
                     }
                     c.broadcast(&mut b, 0).unwrap();

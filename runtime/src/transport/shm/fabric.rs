@@ -1218,13 +1218,13 @@ impl ShmFabric {
         }
         self.publish_desc(gen_of(0), desc, false);
         copy_in(0);
+        // (the bounce goes back to `scratch` at the end; an error leaves a fresh one)
         let mut bounce = Vec::new();
         if writev && !result {
             bounce = std::mem::take(&mut self.scratch);
             bounce.clear();
             bounce.reserve(SINGLE_COPY_REDUCE_PIECE);
         }
-        let mut failed = Ok(());
         for c in 0..nchunks {
             let (g, s) = (gen_of(c), slot_of(c));
             self.wait_all("collective (waiting for peers' data)", g, |j| {
@@ -1236,30 +1236,22 @@ impl ShmFabric {
             // our reduced piece goes to our slot (for the peers) and, in the same pass, to our
             // own result
             let (o, n) = piece(c, me);
-            let srcs = self.piece_sources(s, piece_cap, src.add(o));
-            if writev && !result {
+            let mut srcs = self.piece_sources(s, piece_cap, src.add(o));
+            if let Some(r) = root.filter(|_| writev && !result) {
                 // reduced a bounce-sized part at a time in the cache, then written out
-                let r = root.unwrap_or(0);
                 let b = bounce.as_mut_ptr();
                 let step = SINGLE_COPY_REDUCE_PIECE - SINGLE_COPY_REDUCE_PIECE % esz;
                 let mut off = 0;
                 while off < n {
                     let k = step.min(n - off);
-                    let at: Vec<*const u8> = srcs.iter().map(|p| p.add(off)).collect();
-                    kernels::reduce_many_raw(dtype, op, b, &at, k);
-                    failed = self.peer_copy(r, gen_of(0), LINE_RESULT, b, o + off, k, true);
-                    if failed.is_err() {
-                        break;
-                    }
+                    kernels::reduce_many_raw(dtype, op, b, &srcs, k);
+                    self.peer_copy(r, gen_of(0), LINE_RESULT, b, o + off, k, true)?;
+                    srcs.iter_mut().for_each(|p| *p = p.add(k));
                     off += k;
-                }
-                if failed.is_err() {
-                    break;
                 }
             } else if root == Some(me) {
                 // nobody reads a reduce's root's piece from its slot
-                let d = work.add(o);
-                kernels::reduce_many_dual(dtype, op, d, None, &srcs, n);
+                kernels::reduce_many_raw(dtype, op, work.add(o), &srcs, n);
             } else {
                 kernels::reduce_many_dual(
                     dtype,
@@ -1303,7 +1295,7 @@ impl ShmFabric {
         if writev && !result {
             self.scratch = bounce;
         }
-        failed
+        Ok(())
     }
 
     /// Wait until what the next generation g uses is free: its header line, last used by
