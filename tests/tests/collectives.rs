@@ -354,6 +354,31 @@ fn one_way_small_calls_whose_writers_run_ahead_stay_exact() {
     }
 }
 
+/// Broadcasts of 64-512 KiB on more than two ranks of a node go down a binomial tree of
+/// direct reads: on 5 ranks a parent below the root (local 1 of root 0) serves two children,
+/// on 8 the tree is three deep; from every root, in place and out of place, with a rank
+/// arriving late now and then.
+#[test]
+fn tree_broadcasts_on_one_node_are_exact_from_every_root() {
+    for n in [5, 8] {
+        let outs = direct(
+            n,
+            &["broadcast-tree"],
+            &[],
+            |_| "same".into(),
+            Duration::from_secs(120),
+        );
+        all_ok(&outs);
+        for (r, o) in outs.iter().enumerate() {
+            assert!(
+                o.stdout.contains(&format!("OK rank {r} broadcast-tree")),
+                "rank {r}: {}",
+                o.stdout
+            );
+        }
+    }
+}
+
 #[test]
 fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
     all_ok(&direct(

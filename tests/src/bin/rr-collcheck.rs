@@ -12,6 +12,9 @@
 //!   run-ahead      one-way small calls (broadcasts, then reduces) of 2 to 1024 elements, each
 //!                  call's values its own, where the ranks that only write run far ahead of the
 //!                  readers, which pause now and then; every result checked; prints "OK rank R"
+//!   broadcast-tree broadcasts of 64-512 KiB (a tree of direct reads on one node) from every
+//!                  root, in place and out of place, each call's values its own, a rank
+//!                  starting late now and then; prints "OK rank R broadcast-tree"
 use half::{bf16, f16};
 use railring::{Communicator, Element, ReduceOp};
 
@@ -460,6 +463,42 @@ fn main() {
                 name.unwrap_or_default(),
                 c.net_bytes_sent()
             );
+        }
+        "broadcast-tree" => {
+            let v = |k: usize, r: usize, i: usize| ((k * 7 + r * 3 + i) % 1000) as f32;
+            let mut k = 0;
+            // 16 411 floats: just over 64 KiB; 131 072: 512 KiB exactly
+            for count in [16_411usize, 70_001, 131_072] {
+                for root in 0..n {
+                    for rep in 0..3 {
+                        k += 1;
+                        // a different rank arrives late each call: its parent or children wait
+                        if me == (root + k) % n && rep != 1 {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        let mut b: Vec<f32> = if me == root {
+                            (0..count).map(|i| v(k, root, i)).collect()
+                        } else {
+                            vec![-1.0; count]
+                        };
+                        c.broadcast(&mut b, root).unwrap();
+                        check(
+                            &format!("broadcast {count} root {root} call {k}"),
+                            &b,
+                            |i| Some(v(k, root, i)),
+                        );
+                        let inp: Vec<f32> = (0..count).map(|i| v(k, me, i)).collect();
+                        let mut out = vec![-1.0f32; count];
+                        c.broadcast_into(&inp, &mut out, root).unwrap();
+                        check(
+                            &format!("broadcast_into {count} root {root} call {k}"),
+                            &out,
+                            |i| Some(v(k, root, i)),
+                        );
+                    }
+                }
+            }
+            println!("OK rank {me} broadcast-tree");
         }
         "run-ahead" => {
             // call k's value at element i: distinct per call, so a reader that took a line or

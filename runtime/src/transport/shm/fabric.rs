@@ -64,9 +64,10 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// Open MPI): 128 KiB 28.4 / 26.5 against 25.3 / 27.0 (23.0 / 41.4), 512 KiB 152 / 97 against
 /// 94 / 95 (127 / 128); 1 MiB (256 KiB blocks, -n 40) 270 / 187 against 312 / 229 (252 / 270).
 pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
-/// All-gather and broadcast read the peer's block directly only on two ranks, with blocks of at
+/// All-gather and broadcast read the peer's block directly on two ranks, with blocks of at
 /// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`] (a broadcast's: under
-/// [`SINGLE_COPY_BROADCAST_MAX`]). Otherwise they stage: the readers
+/// [`SINGLE_COPY_BROADCAST_MAX`]; on more ranks see [`TREE_BROADCAST_MIN`]). Otherwise they
+/// stage: the readers
 /// all read the same blocks, which a slot serves from the last-level cache, where single-copy
 /// readers each walk the owner's pages (`process_vm_readv`). Measured with railperf -z 1,
 /// `RAILRING_SHM_SINGLE_COPY` auto against off, all-gather out of place / in place: 4 ranks 256
@@ -90,6 +91,24 @@ pub const SINGLE_COPY_PAIR_MAX: usize = 256 << 10;
 /// (39-40 / 20-21) against 54.7 / 18.6 staged (one launch in 6: 247 / 214); 1 MiB 78.5 / 41.3
 /// against 80.7 / 30.0 and 2 MiB 155 / 81 against 137 / 55, so from 1 MiB the block stages.
 pub const SINGLE_COPY_BROADCAST_MAX: usize = 1 << 20;
+/// On more than two local ranks a broadcast of this many bytes up to [`TREE_BROADCAST_MAX`]
+/// goes down a binomial tree of direct reads (`ShmFabric::single_copy_broadcast`): three
+/// kernel copies on 4 ranks where staging makes four memory copies (the root's into its slot
+/// on the critical path), and no page of the root's read by every peer at once (all three
+/// reading it took 45-49 µs in place at 256 KiB). railperf broadcast -n 200 -w 60 -z 1, 2 CPUs,
+/// medians of 6 (3 ranks: 4) interleaved launches, µs out of place / in place, staged against
+/// the tree (Open MPI in the same loop): 4 ranks 64 KiB 15.9 / 15.2 against 11.3 / 11.9 (22.2
+/// / 12.8), 128 KiB 24.3 / 21.0 against 19.4 / 18.5 (38.9 / 25.3), 256 KiB 44.9 / 31.3
+/// against 33.0 / 30.8 (72.9 / 53.7), 512 KiB 97.4 / 66.7 against 67.4 / 65.3 (148.8 /
+/// 116.8), 1 MiB 240 / 138 against 197 / 201 (247 / 277), 2 MiB 471 / 317 against 517 / 558
+/// (536 / 569); 3 ranks 64 KiB 16.6 / 13.2 against 10.4 / 10.6 (18.1 / 8.3), 256 KiB 46.6 /
+/// 35.7 against 28.2 / 28.7 (46.6 / 20.9), 512 KiB 110.6 / 81.8 against 55.2 / 55.0 (94.1 /
+/// 42.8), 1 MiB 273 / 187 against 200 / 144 (246 / 207).
+/// From 1 MiB in place the staged root (a copy in its own cache) runs calls ahead of its
+/// peers while the tree's root waits for its children every call.
+const TREE_BROADCAST_MIN: usize = 64 << 10;
+/// See [`TREE_BROADCAST_MIN`] (inclusive).
+const TREE_BROADCAST_MAX: usize = 512 << 10;
 /// A reduce on two ranks whose kernel copies fast ([`Node::large_single`]) of at least this
 /// many bytes reads the peer's input directly ([`ShmFabric::single_copy_reduce`]; below it, the
 /// one-round small reduce). railperf reduce -z 1, 2 ranks, µs out of place / in place, staged
@@ -766,7 +785,8 @@ impl ShmFabric {
     /// both CPUs copy. railperf broadcast -b 64K -e 256K -f 2 -n 400 -w 40 -z 1, 2 ranks,
     /// interleaved launches, in place µs medians (ranges), the root's block read whole against
     /// in halves: 64 KiB 6.9 (6-8) against 4.8 (4-5), 128 KiB 11.5 (11-13) against 6.7 (6-8),
-    /// 256 KiB 20.8 (20-22) against 11.7 (11-13).
+    /// 256 KiB 20.8 (20-22) against 11.7 (11-13). On more ranks the block goes down a binomial
+    /// tree of such reads ([`TREE_BROADCAST_MIN`]).
     #[allow(clippy::too_many_arguments)]
     unsafe fn single_copy_broadcast(
         &mut self,
@@ -779,6 +799,61 @@ impl ShmFabric {
         describe: &dyn Fn(&[u8; DESC]) -> String,
     ) -> Result<()> {
         let me = self.node.me;
+        let l = self.local_size();
+        if l > 2 {
+            // A binomial tree over the ranks numbered from the root (v): v > 0 reads the
+            // block from its parent (v less its highest bit; the root's input, another
+            // parent's result once its `reduced` says it has the block), says so, and every
+            // rank returns once its children (v + 2^k for 2^k > v) read from it.
+            let v = (me + l - root) % l;
+            let real = |v: usize| (v + root) % l;
+            if v > 0 {
+                let pv = v & !(1usize << (usize::BITS - 1 - v.leading_zeros()));
+                let p = real(pv);
+                self.wait_buffer(
+                    "broadcast (waiting for the parent's buffer)",
+                    p,
+                    g,
+                    desc,
+                    describe,
+                )?;
+                let at = if pv == 0 {
+                    LINE_INPUT
+                } else {
+                    self.wait_peer(
+                        "broadcast (waiting for the parent's copy)",
+                        p,
+                        g,
+                        self.node.reduced(p),
+                    )?;
+                    LINE_RESULT
+                };
+                self.peer_copy(p, g, at, work.add(o), o, n, false)?;
+                self.node.reduced(me).store(g, Ordering::SeqCst);
+                self.node.ring_bell();
+            } else {
+                if !std::ptr::eq(input, work) {
+                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+                }
+                self.node.reduced(me).store(g, Ordering::Relaxed);
+            }
+            let mut step = if v == 0 {
+                1
+            } else {
+                1usize << (usize::BITS - v.leading_zeros())
+            };
+            while v + step < l {
+                let c = real(v + step);
+                self.wait_peer(
+                    "broadcast (waiting for peers to read this rank's copy)",
+                    c,
+                    g,
+                    self.node.reduced(c),
+                )?;
+                step <<= 1;
+            }
+            return Ok(());
+        }
         // the bytes at the block's start the root writes to its peer (published in its line)
         let split = |j: usize| -> usize {
             (*(self.node.line(j, g).add(LINE_SPLIT) as *const AtomicU64)).load(Ordering::Relaxed)
@@ -1695,6 +1770,7 @@ impl ShmFabric {
             NodeMode::AllGather if pair => SINGLE_COPY_PAIR_MIN..SINGLE_COPY_PAIR_MAX,
             NodeMode::Broadcast { .. } if fast => FAST_KERNEL_BROADCAST_MIN..usize::MAX,
             NodeMode::Broadcast { .. } if pair => SINGLE_COPY_PAIR_MIN..SINGLE_COPY_BROADCAST_MAX,
+            NodeMode::Broadcast { .. } => TREE_BROADCAST_MIN..TREE_BROADCAST_MAX + 1,
             NodeMode::Reduce { .. } if fast => SINGLE_COPY_REDUCE_MIN..usize::MAX,
             _ => 0..0,
         }
