@@ -354,7 +354,7 @@ fn one_way_small_calls_whose_writers_run_ahead_stay_exact() {
     }
 }
 
-/// Broadcasts of 64-512 KiB on more than two ranks of a node go down a binomial tree of
+/// Broadcasts of 64-256 KiB on more than two ranks of a node go down a binomial tree of
 /// direct reads: on 5 ranks a parent below the root (local 1 of root 0) serves two children,
 /// on 8 the tree is three deep; from every root, in place and out of place, with a rank
 /// arriving late now and then.

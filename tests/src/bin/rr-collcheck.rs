@@ -12,7 +12,7 @@
 //!   run-ahead      one-way small calls (broadcasts, then reduces) of 2 to 1024 elements, each
 //!                  call's values its own, where the ranks that only write run far ahead of the
 //!                  readers, which pause now and then; every result checked; prints "OK rank R"
-//!   broadcast-tree broadcasts of 64-512 KiB (a tree of direct reads on one node) from every
+//!   broadcast-tree broadcasts of 64-256 KiB (a tree of direct reads on one node) from every
 //!                  root, in place and out of place, each call's values its own, a rank
 //!                  starting late now and then; prints "OK rank R broadcast-tree"
 use half::{bf16, f16};
@@ -467,8 +467,9 @@ fn main() {
         "broadcast-tree" => {
             let v = |k: usize, r: usize, i: usize| ((k * 7 + r * 3 + i) % 1000) as f32;
             let mut k = 0;
-            // 16 411 floats: just over 64 KiB; 131 072: 512 KiB exactly
-            for count in [16_411usize, 70_001, 131_072] {
+            // 16 411 floats: just over 64 KiB; 65 536: 256 KiB, the tree's limit on more than
+            // 4 ranks
+            for count in [16_411usize, 50_001, 65_536] {
                 for root in 0..n {
                     for rep in 0..3 {
                         k += 1;

@@ -106,9 +106,15 @@ pub const SINGLE_COPY_BROADCAST_MAX: usize = 1 << 20;
 /// 42.8), 1 MiB 273 / 187 against 200 / 144 (246 / 207).
 /// From 1 MiB in place the staged root (a copy in its own cache) runs calls ahead of its
 /// peers while the tree's root waits for its children every call.
+/// On more than 4 ranks the tree's limit is [`TREE_BROADCAST_MAX_MANY`]: 6 and 8 ranks on 2
+/// CPUs (4 launches each, same method), 256 KiB 85.0 / 66.0 against 64.5 / 54.9 and 114 / 94
+/// against 95 / 73, but 512 KiB 174 / 129 against 161 / 145 and 224 / 174 against 268 / 261
+/// (Open MPI 122 / 92, 261 / 212; 145 / 127, 334 / 304).
 const TREE_BROADCAST_MIN: usize = 64 << 10;
-/// See [`TREE_BROADCAST_MIN`] (inclusive).
+/// See [`TREE_BROADCAST_MIN`] (inclusive; on up to 4 local ranks).
 const TREE_BROADCAST_MAX: usize = 512 << 10;
+/// See [`TREE_BROADCAST_MIN`] (inclusive; on more than 4 local ranks).
+const TREE_BROADCAST_MAX_MANY: usize = 256 << 10;
 /// A reduce on two ranks whose kernel copies fast ([`Node::large_single`]) of at least this
 /// many bytes reads the peer's input directly ([`ShmFabric::single_copy_reduce`]; below it, the
 /// one-round small reduce). railperf reduce -z 1, 2 ranks, µs out of place / in place, staged
@@ -1770,7 +1776,10 @@ impl ShmFabric {
             NodeMode::AllGather if pair => SINGLE_COPY_PAIR_MIN..SINGLE_COPY_PAIR_MAX,
             NodeMode::Broadcast { .. } if fast => FAST_KERNEL_BROADCAST_MIN..usize::MAX,
             NodeMode::Broadcast { .. } if pair => SINGLE_COPY_PAIR_MIN..SINGLE_COPY_BROADCAST_MAX,
-            NodeMode::Broadcast { .. } => TREE_BROADCAST_MIN..TREE_BROADCAST_MAX + 1,
+            NodeMode::Broadcast { .. } if self.local_size() <= 4 => {
+                TREE_BROADCAST_MIN..TREE_BROADCAST_MAX + 1
+            }
+            NodeMode::Broadcast { .. } => TREE_BROADCAST_MIN..TREE_BROADCAST_MAX_MANY + 1,
             NodeMode::Reduce { .. } if fast => SINGLE_COPY_REDUCE_MIN..usize::MAX,
             _ => 0..0,
         }
