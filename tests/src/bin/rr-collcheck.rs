@@ -30,6 +30,12 @@ fn val(r: usize, i: usize, op: ReduceOp) -> i64 {
     }
 }
 
+/// Call k's value at element i of rank r's buffer: distinct per call, so a reader that took a
+/// line, box or slot a writer had already reused for a later call reads the wrong call's data.
+fn call_value(k: usize, r: usize, i: usize) -> f32 {
+    ((k * 7 + r * 3 + i) % 1000) as f32
+}
+
 fn reference(n: usize, i: usize, op: ReduceOp) -> i64 {
     let v: Vec<i64> = (0..n).map(|r| val(r, i, op)).collect();
     match op {
@@ -465,7 +471,7 @@ fn main() {
             );
         }
         "broadcast-tree" => {
-            let v = |k: usize, r: usize, i: usize| ((k * 7 + r * 3 + i) % 1000) as f32;
+            let v = call_value;
             let mut k = 0;
             // 16 411 floats: just over 64 KiB; 65 536: 256 KiB, the tree's limit on more than
             // 4 ranks
@@ -502,9 +508,7 @@ fn main() {
             println!("OK rank {me} broadcast-tree");
         }
         "run-ahead" => {
-            // call k's value at element i: distinct per call, so a reader that took a line or
-            // box a writer had already reused for a later call reads the wrong call's data
-            let v = |k: usize, r: usize, i: usize| ((k * 7 + r * 3 + i) % 1000) as f32;
+            let v = call_value;
             let pause = |k: usize| {
                 if k.is_multiple_of(97) {
                     std::thread::sleep(std::time::Duration::from_millis(3));
@@ -543,8 +547,9 @@ fn main() {
             }
             // staged broadcasts of more chunks than staging slots: the root fills slot after
             // slot while the others start late, so it must wait before refilling a slot a
-            // late reader has not copied out yet
-            for count in [20_000usize, 1_000_000] {
+            // late reader has not copied out yet (48 KiB: above the one-round broadcast, below
+            // the tree of direct reads, so staged however the node reads)
+            for count in [12_000usize, 1_000_000] {
                 for k in 0..24 {
                     let mut b: Vec<f32> = if me == 0 {
                         (0..count).map(|i| v(k, 0, i)).collect()

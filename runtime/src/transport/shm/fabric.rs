@@ -837,11 +837,9 @@ impl ShmFabric {
                 self.peer_copy(p, g, at, work.add(o), o, n, false)?;
                 self.node.reduced(me).store(g, Ordering::SeqCst);
                 self.node.ring_bell();
-            } else {
-                if !std::ptr::eq(input, work) {
-                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
-                }
-                self.node.reduced(me).store(g, Ordering::Relaxed);
+            } else if !std::ptr::eq(input, work) {
+                // (the root's children read its input: nobody waits for its `reduced`)
+                std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
             }
             let mut step = if v == 0 {
                 1
