@@ -4,7 +4,8 @@
 //!
 //! The binding comes from the node's topology ([`railring::topology`]) for the node's number of
 //! local ranks, with the mode `--bind-to` gives (passed to ranks as `RAILRING_BIND_TO`), else a
-//! `RAILRING_BIND_TO` the ranks will see, else `numa` (the runtime's default). Inputs are read
+//! `RAILRING_BIND_TO` the ranks will see, else `auto` (the runtime's default: `numa`, or a core
+//! each where a NUMA node's ranks outnumber its CPUs evenly). Inputs are read
 //! as the ranks will see them: the job's variables (`-x`, railrun's own) over the spawner's
 //! environment ([`Lookup`]). `none` leaves affinity alone.
 //!
@@ -32,7 +33,7 @@ pub fn job_lookup<'a>(job: &'a [(String, String)]) -> impl Fn(&str) -> Option<St
     }
 }
 
-/// The binding mode ranks get: `RAILRING_BIND_TO` as they see it, else `numa`.
+/// The binding mode ranks get: `RAILRING_BIND_TO` as they see it, else `auto`.
 pub fn mode(lookup: Lookup) -> Result<BindTo, String> {
     match lookup(vars::BIND_TO).filter(|v| !v.trim().is_empty()) {
         Some(v) => v
@@ -172,7 +173,7 @@ mod tests {
         let e = mode(&job_lookup(&job)).unwrap_err();
         assert!(e.contains("RAILRING_BIND_TO"), "{e}");
         let none = |_: &str| None;
-        assert_eq!(mode(&none).unwrap(), BindTo::Numa);
+        assert_eq!(mode(&none).unwrap(), BindTo::Auto);
         assert!(cpu_set(&[0, 3]).is_ok());
         assert!(cpu_set(&[1 << 20]).is_err());
     }

@@ -181,12 +181,13 @@ fn parse_bind_to(v: &str) -> Result<BindTo, CliError> {
     }
     match mode {
         "none" => Ok(BindTo::None),
+        "auto" => Ok(BindTo::Auto),
         "numa" => Ok(BindTo::Numa),
         "core" => Ok(BindTo::Core),
         "socket" | "package" => Ok(BindTo::Socket),
         "hwthread" => Ok(BindTo::Hwthread),
         _ => err(format!(
-            "--bind-to `{v}`: expected none, hwthread, core, numa, socket or package"
+            "--bind-to `{v}`: expected none, auto, hwthread, core, numa, socket or package"
         )),
     }
 }
@@ -703,9 +704,10 @@ Placement:
   --dry-run=json           the same as JSON
   --display-map            print the placement table on stdout, then run
   --report-bindings        print each rank's GPU / NIC(s) / CPUs before starting
-  --bind-to none|hwthread|core|numa|socket|package
+  --bind-to none|auto|hwthread|core|numa|socket|package
                            passed to ranks as RAILRING_BIND_TO (default: the
-                           --map-by object, else numa)
+                           --map-by object, else auto: numa, or one core per rank
+                           where a NUMA node's ranks outnumber its CPUs evenly)
   --fabric F               order nodes by fabric file F (leaf by leaf) so rings cross
                            the fewest uplinks; --dry-run shows the crossings per ring
                            (env RAILRING_FABRIC; docs/fabric.md)

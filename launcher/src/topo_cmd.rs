@@ -25,7 +25,7 @@ const USAGE: &str =
   --svg FILE         also draw sockets, switches, GPUs and NICs with the chosen GPU-NIC pairs
   --json             print devices, path classes and bindings as JSON
   --local-size N     local ranks to show bindings for (default: number of GPUs, or 1 without GPU)
-  --bind-to MODE     none | hwthread | core | numa (default) | socket | package
+  --bind-to MODE     none | auto (default) | hwthread | core | numa | socket | package
 Unknown options are errors (exit 2).
 ";
 

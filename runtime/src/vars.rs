@@ -31,7 +31,7 @@ pub const STORE_ADDR: &str = "RAILRING_STORE_ADDR";
 /// agent (per node); read by `bootstrap::launch`, and by `bootstrap::launch` when set
 /// by hand for srun / torchrun-style starts.
 pub const JOB_SECRET: &str = "RAILRING_JOB_SECRET";
-/// CPU binding mode: `none`, `hwthread`, `core`, `numa` or `socket`. Set by railrun from
+/// CPU binding mode: `none`, `auto` (the default), `hwthread`, `core`, `numa` or `socket`. Set by railrun from
 /// `--bind-to` (only when given, or implied by `--map-by`); read by `config` (`Config::bind`)
 /// and `railrun topo`.
 pub const BIND_TO: &str = "RAILRING_BIND_TO";

@@ -244,6 +244,13 @@ fn hwloc_dgx2_gpus_without_nics() {
         assert_eq!(bi.gpu.as_ref().unwrap().index, i);
         assert!(bi.nics.is_empty());
         assert!(bi.reason.contains("no NIC found"), "{}", bi.reason);
+        // this file lists 2 CPUs per NUMA node: 8 ranks on each outnumber them evenly, so
+        // the default binding gives each a core, round-robin
+        let base = if i < 8 { 0 } else { 24 };
+        assert_eq!(bi.cpus, [base + i % 2]);
+    }
+    let numa = BindOptions::from_values(Some("numa"), None, None, None).unwrap();
+    for (i, bi) in t.bindings(16, &numa).unwrap().iter().enumerate() {
         assert_eq!(bi.cpus, if i < 8 { vec![0, 1] } else { vec![24, 25] });
     }
 }
@@ -618,6 +625,109 @@ fn fake_sysfs_veth_only_round_robin() {
             bi.reason
         );
     }
+}
+
+/// The default binding (`auto`): the NUMA node's CPUs, except where a NUMA node's ranks
+/// outnumber its CPUs and split evenly over its cores: then one core each, round-robin.
+#[test]
+fn auto_binding_gives_a_core_each_only_to_an_even_oversubscription() {
+    let f = FakeSys::new("auto");
+    f.numa(0, "0-1", 0);
+    f.numa(1, "2-5", 1);
+    // NUMA node 1: two cores of two hyper-threads each
+    for (c, sib) in [(2, "2,4"), (4, "2,4"), (3, "3,5"), (5, "3,5")] {
+        f.write(
+            &format!("sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list"),
+            sib,
+        );
+    }
+    f.netdev("lo", None, "0x9", "-1");
+    f.netdev("veth0", None, "0x1003", "10000");
+    let t = Topology::from_sysfs_root(f.path()).unwrap();
+    assert_eq!(file_opts().bind_to, BindTo::Auto);
+    assert_eq!("auto".parse::<BindTo>().unwrap(), BindTo::Auto);
+    let cpus = |n: usize, mode: Option<&str>| -> Vec<Vec<usize>> {
+        let o = BindOptions::from_values(mode, None, None, None).unwrap();
+        t.bindings(n, &o)
+            .unwrap()
+            .iter()
+            .map(|b| b.cpus.clone())
+            .collect()
+    };
+    // ranks go round-robin over the NUMA nodes: 2 ranks, one each; 4 ranks, 2 on each (NUMA
+    // node 0's 2 CPUs are not outnumbered, NUMA node 1 has 4)
+    assert_eq!(cpus(2, None), [vec![0, 1], vec![2, 3, 4, 5]]);
+    assert_eq!(
+        cpus(4, None),
+        [vec![0, 1], vec![2, 3, 4, 5], vec![0, 1], vec![2, 3, 4, 5]]
+    );
+    // 6 ranks: 3 on NUMA node 0 (2 CPUs, an uneven share: the scheduler balances it), 3 on
+    // NUMA node 1 (4 CPUs)
+    let b = cpus(6, None);
+    assert!(b.iter().step_by(2).all(|c| *c == [0, 1]), "{b:?}");
+    assert!(
+        b.iter().skip(1).step_by(2).all(|c| *c == [2, 3, 4, 5]),
+        "{b:?}"
+    );
+    // 8 ranks: 4 on each NUMA node; node 0 is outnumbered (4 > 2 CPUs) and splits evenly over
+    // its 2 cores; node 1 is not (4 ranks, 4 hardware threads)
+    assert_eq!(
+        cpus(8, None),
+        [
+            vec![0],
+            vec![2, 3, 4, 5],
+            vec![1],
+            vec![2, 3, 4, 5],
+            vec![0],
+            vec![2, 3, 4, 5],
+            vec![1],
+            vec![2, 3, 4, 5]
+        ]
+    );
+    // 12 ranks, 6 on each node: both outnumbered and even over 2 cores, 3 ranks per core (on
+    // node 1 a core is its two hyper-threads)
+    let b = cpus(12, None);
+    let node0: Vec<_> = b.iter().step_by(2).cloned().collect();
+    let node1: Vec<_> = b.iter().skip(1).step_by(2).cloned().collect();
+    assert_eq!(
+        node0,
+        [vec![0], vec![1], vec![0], vec![1], vec![0], vec![1]]
+    );
+    assert_eq!(
+        node1,
+        [
+            vec![2, 4],
+            vec![3, 5],
+            vec![2, 4],
+            vec![3, 5],
+            vec![2, 4],
+            vec![3, 5]
+        ]
+    );
+    let r = t.bindings(12, &file_opts()).unwrap();
+    assert!(
+        r[0].reason
+            .contains("6 local ranks outnumber its 2 CPU(s), 3 per core (bind-to auto"),
+        "{}",
+        r[0].reason
+    );
+    // 10 ranks: 5 on each node, uneven over 2 cores: the NUMA node's CPUs
+    assert!(cpus(10, None).iter().enumerate().all(|(i, c)| *c
+        == if i % 2 == 0 {
+            vec![0, 1]
+        } else {
+            vec![2, 3, 4, 5]
+        }));
+    assert!(t.bindings(10, &file_opts()).unwrap()[0]
+        .reason
+        .contains("(bind-to auto: numa)"));
+    // an explicit numa keeps the NUMA node's CPUs however many ranks share them
+    assert!(cpus(8, Some("numa")).iter().enumerate().all(|(i, c)| *c
+        == if i % 2 == 0 {
+            vec![0, 1]
+        } else {
+            vec![2, 3, 4, 5]
+        }));
 }
 
 #[test]

@@ -201,9 +201,10 @@ fn bind_to_core_binds_every_program_as_reported() {
 }
 
 #[test]
-fn default_numa_and_none_bind_as_reported() {
+fn default_auto_and_none_bind_as_reported() {
     let allowed = my_cpus();
-    // No --bind-to: the runtime's default (numa), reported and applied.
+    // No --bind-to: the runtime's default (auto: numa for 2 ranks on 2 or more CPUs),
+    // reported and applied.
     let o = run(
         railrun(&["--report-bindings", "-np", "2", "sh", "-c", PROBE]),
         "railrun (default binding) sh",
@@ -213,6 +214,60 @@ fn default_numa_and_none_bind_as_reported() {
     for (r, q) in probes(&o, 2, "default binding").iter().enumerate() {
         let want = rep[&r].clone().unwrap_or_else(|| allowed.clone());
         assert_eq!(q.cpus, want, "rank {r}\n{err}");
+    }
+    // Twice as many ranks as CPUs on one NUMA node (this machine, if it is small enough):
+    // auto gives each rank one core, two ranks per core, reported and applied before exec.
+    let numa_nodes = std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    let n = e.file_name();
+                    let n = n.to_string_lossy();
+                    n.starts_with("node") && n[4..].parse::<usize>().is_ok()
+                })
+                .count()
+        })
+        .unwrap_or(1);
+    if allowed.len() <= 4 && numa_nodes <= 1 {
+        let np = 2 * allowed.len();
+        let o = run(
+            railrun(&[
+                "--report-bindings",
+                "--oversubscribe",
+                "-np",
+                &np.to_string(),
+                "sh",
+                "-c",
+                PROBE,
+            ]),
+            "railrun (default binding, twice as many ranks as CPUs) sh",
+        );
+        let err = text(&o.stderr);
+        let rep = reported(&err);
+        let mut per_cpu: BTreeMap<Vec<usize>, usize> = BTreeMap::new();
+        for (r, q) in probes(&o, np, "default binding, oversubscribed")
+            .iter()
+            .enumerate()
+        {
+            let want = rep[&r].clone().expect("bound");
+            assert_eq!(q.cpus, want, "rank {r}\n{err}");
+            assert!(
+                !q.cpus.is_empty() && q.cpus.len() < allowed.len().max(2),
+                "rank {r}: {:?}\n{err}",
+                q.cpus
+            );
+            *per_cpu.entry(q.cpus.clone()).or_default() += 1;
+        }
+        assert!(err.contains("(bind-to auto; numa keeps them all)"), "{err}");
+        assert!(
+            per_cpu.values().all(|&n| n * per_cpu.len() == np),
+            "an even share: {per_cpu:?}\n{err}"
+        );
+    } else {
+        eprintln!(
+            "default_auto_and_none_bind_as_reported: {} CPUs on {numa_nodes} NUMA node(s): the oversubscribed default is checked on machines of at most 4 CPUs on one node",
+            allowed.len()
+        );
     }
     // --bind-to none: affinity left as railrun's, reported as unbound, no variables.
     let o = run(

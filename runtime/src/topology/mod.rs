@@ -93,7 +93,7 @@ pub enum TopoError {
         crate::vars::NIC_MAP
     )]
     NicMap { input: String, msg: String },
-    #[error("bind-to {found:?}: expected none, hwthread, core, numa, socket or package")]
+    #[error("bind-to {found:?}: expected none, auto, hwthread, core, numa, socket or package")]
     BindTo { found: String },
     #[error("{var}: {msg}")]
     Env { var: String, msg: String },
