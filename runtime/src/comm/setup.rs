@@ -97,6 +97,7 @@ impl Communicator {
             addrs: vec![],
             kernel: machine::kernel_id(),
             cpus: cpus(),
+            cpu_list: cpu_list(),
         };
         let world = World {
             job: "solo".into(),
@@ -137,6 +138,7 @@ impl Communicator {
             addrs: net.addrs.clone(),
             kernel: machine::kernel_id(),
             cpus: cpus(),
+            cpu_list: cpu_list(),
         };
         let comm = 1u64;
         let peers = gather_world(&store, comm, &me, size, &cfg)?;
@@ -273,10 +275,24 @@ impl Communicator {
         use crate::topology::apply_cpu_binding;
         let nrails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
         let fallback = local_rank % nrails;
+        // railrun bound this process before exec to exactly what --report-bindings showed
+        // (RAILRING_BOUND_CPUS, still the mask): with an explicit binding mode
+        // (RAILRING_BIND_TO) that mask is kept as it is; by default the pinning below may still
+        // narrow it (it says so).
+        let by_railrun =
+            crate::bootstrap::launch::railrun::bound_cpus(&crate::bootstrap::launch::process_env)
+                .filter(|l| crate::topology::process_allowed_cpus().ok().as_ref() == Some(l));
         let bindings = cfg.topology().and_then(|t| {
             cfg.bind.options().and_then(|mut o| {
                 // choose among the rail interfaces only
                 o.nic_allow = net.map(|n| n.rails.iter().map(|r| r.ifname.clone()).collect());
+                // Bound by railrun, this rank's own mask may be one core (`auto`): compute the
+                // node's bindings over the CPUs the machine's ranks share, as railrun did.
+                if by_railrun.is_some() {
+                    if let Some(shared) = crate::transport::kernel_cpu_list() {
+                        o.allowed_cpus = Some(shared);
+                    }
+                }
                 t.bindings(local_size, &o)
             })
         });
@@ -290,13 +306,6 @@ impl Communicator {
         let Some(me) = bindings.get(local_rank) else {
             return fallback;
         };
-        // railrun bound this process before exec to exactly what --report-bindings showed
-        // (RAILRING_BOUND_CPUS, still the mask): with an explicit binding mode
-        // (RAILRING_BIND_TO) that mask is kept as it is; by default the pinning below may still
-        // narrow it (it says so).
-        let by_railrun =
-            crate::bootstrap::launch::railrun::bound_cpus(&crate::bootstrap::launch::process_env)
-                .filter(|l| crate::topology::process_allowed_cpus().ok().as_ref() == Some(l));
         if let (Some(l), true) = (&by_railrun, cfg.bind.bind_to.is_some()) {
             tracing::info!(target: "railring::topo", rank, "CPUs {} as railrun bound this rank before exec ({}); kept", crate::topology::format_cpulist(l), crate::vars::BIND_TO);
         }
@@ -684,16 +693,63 @@ fn cpus() -> u32 {
         .unwrap_or(1)
 }
 
-/// Per machine (kernel): how many of these ranks run there and the fewest CPUs one of them
-/// reported (ranks that did not report a kernel are left out).
+/// The CPUs this process may run on, as a CPU list (empty if unknown).
+fn cpu_list() -> String {
+    crate::topology::process_allowed_cpus()
+        .map(|c| crate::topology::format_cpulist(&c))
+        .unwrap_or_default()
+}
+
+/// Longest CPU list a peer's report may carry (a longer one counts as not reported).
+const MAX_CPU_LIST: usize = 4096;
+
+/// The union of the CPU lists `kernel`'s ranks reported, where every one of them did.
+fn kernel_cpu_union(peers: &[PeerInfo], kernel: &str) -> Option<Vec<usize>> {
+    let mut u = std::collections::BTreeSet::new();
+    for p in peers
+        .iter()
+        .filter(|p| !kernel.is_empty() && p.kernel == kernel)
+    {
+        let l = Some(p.cpu_list.as_str())
+            .filter(|l| !l.is_empty() && l.len() <= MAX_CPU_LIST)
+            .and_then(|l| crate::topology::parse_cpulist(l).ok())?;
+        u.extend(l);
+    }
+    (!u.is_empty()).then(|| u.into_iter().collect())
+}
+
+/// Per machine (kernel): how many of these ranks run there and how many CPUs they share —
+/// the union of the CPU lists they reported where every one of them did (ranks bound to a core
+/// each still share the machine's), else the fewest CPUs one of them reported (ranks that did
+/// not report a kernel are left out).
 fn kernel_load(peers: &[PeerInfo]) -> std::collections::BTreeMap<&str, (usize, u32)> {
-    let mut per: std::collections::BTreeMap<&str, (usize, u32)> = Default::default();
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut per: BTreeMap<&str, (usize, u32, Option<BTreeSet<usize>>)> = Default::default();
     for p in peers.iter().filter(|p| !p.kernel.is_empty()) {
-        let e = per.entry(p.kernel.as_str()).or_insert((0, u32::MAX));
+        let e = per
+            .entry(p.kernel.as_str())
+            .or_insert((0, u32::MAX, Some(BTreeSet::new())));
         e.0 += 1;
         e.1 = e.1.min(p.cpus);
+        let list = Some(p.cpu_list.as_str())
+            .filter(|l| !l.is_empty() && l.len() <= MAX_CPU_LIST)
+            .and_then(|l| crate::topology::parse_cpulist(l).ok());
+        e.2 = match (e.2.take(), list) {
+            (Some(mut u), Some(l)) => {
+                u.extend(l);
+                Some(u)
+            }
+            _ => None,
+        };
     }
-    per
+    per.into_iter()
+        .map(|(k, (n, least, union))| {
+            let c = union
+                .filter(|u| !u.is_empty())
+                .map_or(least, |u| u32::try_from(u.len()).unwrap_or(u32::MAX));
+            (k, (n, c))
+        })
+        .collect()
 }
 
 /// (ranks, CPUs) of a machine that runs more ranks than it has CPUs.
@@ -722,7 +778,13 @@ fn kernels_crowded(peers: &[PeerInfo], kernels: &[&str]) -> Option<(usize, u32)>
 /// namespaces, containers): more of them than CPUs means waits must yield, not spin, and when
 /// several nodes share the kernel each gets its own block of CPUs (see `bind`).
 fn note_kernel_sharing(peers: &[PeerInfo], rank: usize) {
-    let cpus = cpus() as usize;
+    // the CPUs this kernel's ranks share (not this rank's own: railrun may have bound it to one)
+    let cpus = kernel_load(peers)
+        .get(peers[rank].kernel.as_str())
+        .map(|l| l.1 as usize)
+        .filter(|&c| c > 0 && c != u32::MAX as usize)
+        .unwrap_or(cpus() as usize);
+    crate::transport::set_kernel_cpus(cpus, kernel_cpu_union(peers, &peers[rank].kernel));
     let on_kernel: Vec<&PeerInfo> = peers
         .iter()
         .filter(|p| !p.kernel.is_empty() && p.kernel == peers[rank].kernel)
@@ -885,6 +947,7 @@ mod kernel_tests {
             addrs: vec![],
             kernel: kernel.into(),
             cpus,
+            cpu_list: String::new(),
         }
     }
 
@@ -908,5 +971,39 @@ mod kernel_tests {
         assert_eq!(kernels_crowded(&three, &["b", "b"]), None);
         assert_eq!(kernels_crowded(&unknown, &["k"]), None);
         assert_eq!(kernels_crowded(&one, &[""]), None);
+    }
+
+    #[test]
+    fn ranks_bound_to_a_core_each_still_share_their_machines_cpus() {
+        let with = |lists: &[&str]| -> Vec<PeerInfo> {
+            lists
+                .iter()
+                .enumerate()
+                .map(|(r, l)| {
+                    let mut p = peer(r, "k", 1);
+                    p.cpu_list = l.to_string();
+                    p
+                })
+                .collect()
+        };
+        // 4 ranks bound one core each on a 2-CPU machine: crowded, 2 CPUs shared
+        let four = with(&["0", "1", "0", "1"]);
+        assert_eq!(kernels_crowded(&four, &["k"]), Some((4, 2)));
+        // 4 ranks bound two cores each on an 8-CPU machine: not crowded
+        let mut roomy = with(&["0-1", "2-3", "4-5", "6-7"]);
+        for p in &mut roomy {
+            p.cpus = 2;
+        }
+        assert!(!any_kernel_oversubscribed(&roomy));
+        assert_eq!(kernel_load(&roomy)["k"], (4, 8));
+        // one rank without a list (an older build): the fewest CPUs reported decides
+        roomy[3].cpu_list.clear();
+        assert_eq!(kernel_load(&roomy)["k"], (4, 2));
+        // a list that does not parse counts as not reported
+        roomy[3].cpu_list = "x".into();
+        assert_eq!(kernel_load(&roomy)["k"], (4, 2));
+        assert_eq!(kernel_cpu_union(&roomy, "k"), None);
+        assert_eq!(kernel_cpu_union(&four, "k"), Some(vec![0, 1]));
+        assert_eq!(kernel_cpu_union(&four, ""), None);
     }
 }

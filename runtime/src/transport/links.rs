@@ -56,6 +56,10 @@ pub struct PeerInfo {
     /// CPUs this rank may run on (0: not reported).
     #[serde(default)]
     pub cpus: u32,
+    /// Which CPUs, as a CPU list (empty: not reported): the union over a machine's ranks is the
+    /// CPUs they share, which a count cannot give once each rank is bound to a few of them.
+    #[serde(default)]
+    pub cpu_list: String,
 }
 
 /// Every link of one communicator on this rank (see the module docs).

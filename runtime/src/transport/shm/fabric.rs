@@ -252,9 +252,12 @@ fn who(node: &Node, i: usize) -> usize {
 impl ShmFabric {
     pub fn new(node: Arc<Node>, timeout: Duration) -> ShmFabric {
         let rank = node.ranks[node.me];
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
+        // the CPUs the machine's ranks share, not this rank's own (railrun may bind it to one)
+        let cpus = crate::transport::kernel_cpus().unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
         let oversubscribed = node.geo.local_size > cpus || crate::transport::oversubscribed();
         let (spin_limit, yield_limit) = if oversubscribed {
             (16, 1000)
