@@ -192,7 +192,14 @@ impl Communicator {
         let net = world.net.as_deref();
         let rails = net.map(|n| n.rails.len()).unwrap_or(1).max(1);
         let rail = if comm == 1 {
-            Self::bind(rank, local_rank, local.len(), net, &world.cfg)
+            Self::bind(
+                rank,
+                local_rank,
+                local.len(),
+                cpu_union(local.iter().filter_map(|&r| world.peers.get(r))),
+                net,
+                &world.cfg,
+            )
         } else {
             // sub-communicators keep the process's binding and rail
             parent_rail.unwrap_or(local_rank % rails)
@@ -269,6 +276,7 @@ impl Communicator {
         rank: usize,
         local_rank: usize,
         local_size: usize,
+        node_cpus: Option<Vec<usize>>,
         net: Option<&TcpNet>,
         cfg: &Config,
     ) -> usize {
@@ -287,11 +295,9 @@ impl Communicator {
                 // choose among the rail interfaces only
                 o.nic_allow = net.map(|n| n.rails.iter().map(|r| r.ifname.clone()).collect());
                 // Bound by railrun, this rank's own mask may be one core (`auto`): compute the
-                // node's bindings over the CPUs the machine's ranks share, as railrun did.
-                if by_railrun.is_some() {
-                    if let Some(shared) = crate::transport::kernel_cpu_list() {
-                        o.allowed_cpus = Some(shared);
-                    }
+                // node's bindings over the CPUs its ranks share, as railrun did.
+                if let (Some(_), Some(shared)) = (&by_railrun, &node_cpus) {
+                    o.allowed_cpus = Some(shared.clone());
                 }
                 t.bindings(local_size, &o)
             })
@@ -703,17 +709,18 @@ fn cpu_list() -> String {
 /// Longest CPU list a peer's report may carry (a longer one counts as not reported).
 const MAX_CPU_LIST: usize = 4096;
 
-/// The union of the CPU lists `kernel`'s ranks reported, where every one of them did.
-fn kernel_cpu_union(peers: &[PeerInfo], kernel: &str) -> Option<Vec<usize>> {
+/// The CPUs a peer reported (`None`: no list, too long, or not a CPU list).
+fn reported_cpus(p: &PeerInfo) -> Option<Vec<usize>> {
+    Some(p.cpu_list.as_str())
+        .filter(|l| !l.is_empty() && l.len() <= MAX_CPU_LIST)
+        .and_then(|l| crate::topology::parse_cpulist(l).ok())
+}
+
+/// The union of the CPU lists these ranks reported, where every one of them did.
+fn cpu_union<'a>(peers: impl IntoIterator<Item = &'a PeerInfo>) -> Option<Vec<usize>> {
     let mut u = std::collections::BTreeSet::new();
-    for p in peers
-        .iter()
-        .filter(|p| !kernel.is_empty() && p.kernel == kernel)
-    {
-        let l = Some(p.cpu_list.as_str())
-            .filter(|l| !l.is_empty() && l.len() <= MAX_CPU_LIST)
-            .and_then(|l| crate::topology::parse_cpulist(l).ok())?;
-        u.extend(l);
+    for p in peers {
+        u.extend(reported_cpus(p)?);
     }
     (!u.is_empty()).then(|| u.into_iter().collect())
 }
@@ -731,10 +738,7 @@ fn kernel_load(peers: &[PeerInfo]) -> std::collections::BTreeMap<&str, (usize, u
             .or_insert((0, u32::MAX, Some(BTreeSet::new())));
         e.0 += 1;
         e.1 = e.1.min(p.cpus);
-        let list = Some(p.cpu_list.as_str())
-            .filter(|l| !l.is_empty() && l.len() <= MAX_CPU_LIST)
-            .and_then(|l| crate::topology::parse_cpulist(l).ok());
-        e.2 = match (e.2.take(), list) {
+        e.2 = match (e.2.take(), reported_cpus(p)) {
             (Some(mut u), Some(l)) => {
                 u.extend(l);
                 Some(u)
@@ -784,7 +788,7 @@ fn note_kernel_sharing(peers: &[PeerInfo], rank: usize) {
         .map(|l| l.1 as usize)
         .filter(|&c| c > 0 && c != u32::MAX as usize)
         .unwrap_or(cpus() as usize);
-    crate::transport::set_kernel_cpus(cpus, kernel_cpu_union(peers, &peers[rank].kernel));
+    crate::transport::set_kernel_cpus(cpus);
     let on_kernel: Vec<&PeerInfo> = peers
         .iter()
         .filter(|p| !p.kernel.is_empty() && p.kernel == peers[rank].kernel)
@@ -1002,8 +1006,9 @@ mod kernel_tests {
         // a list that does not parse counts as not reported
         roomy[3].cpu_list = "x".into();
         assert_eq!(kernel_load(&roomy)["k"], (4, 2));
-        assert_eq!(kernel_cpu_union(&roomy, "k"), None);
-        assert_eq!(kernel_cpu_union(&four, "k"), Some(vec![0, 1]));
-        assert_eq!(kernel_cpu_union(&four, ""), None);
+        assert_eq!(cpu_union(&roomy), None);
+        assert_eq!(cpu_union(&four), Some(vec![0, 1]));
+        assert_eq!(cpu_union(&four[1..2]), Some(vec![1]));
+        assert_eq!(cpu_union(&four[..0]), None);
     }
 }

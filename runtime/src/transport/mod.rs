@@ -236,21 +236,10 @@ static OVERSUBSCRIBED: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 /// The CPUs the job's ranks on this machine share (0: not known yet), set at start-up.
 static KERNEL_CPUS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Which CPUs those are, where every rank on the machine reported its list.
-static KERNEL_CPU_LIST: std::sync::Mutex<Option<Vec<usize>>> = std::sync::Mutex::new(None);
-
 /// Record how many CPUs the job's ranks on this machine share (the union of their CPU lists:
-/// a rank bound to one core still shares the machine's), and which, where known.
-pub fn set_kernel_cpus(n: usize, list: Option<Vec<usize>>) {
+/// a rank bound to one core still shares the machine's).
+pub fn set_kernel_cpus(n: usize) {
     KERNEL_CPUS.store(n, std::sync::atomic::Ordering::Relaxed);
-    if let Ok(mut l) = KERNEL_CPU_LIST.lock() {
-        *l = list;
-    }
-}
-
-/// The CPUs the job's ranks on this machine share ([`set_kernel_cpus`]), where known.
-pub fn kernel_cpu_list() -> Option<Vec<usize>> {
-    KERNEL_CPU_LIST.lock().ok().and_then(|l| l.clone())
 }
 
 /// See [`set_kernel_cpus`]; `None` before start-up recorded it.
