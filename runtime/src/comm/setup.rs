@@ -730,28 +730,16 @@ fn cpu_union<'a>(peers: impl IntoIterator<Item = &'a PeerInfo>) -> Option<Vec<us
 /// each still share the machine's), else the fewest CPUs one of them reported (ranks that did
 /// not report a kernel are left out).
 fn kernel_load(peers: &[PeerInfo]) -> std::collections::BTreeMap<&str, (usize, u32)> {
-    use std::collections::{BTreeMap, BTreeSet};
-    let mut per: BTreeMap<&str, (usize, u32, Option<BTreeSet<usize>>)> = Default::default();
+    let mut by: std::collections::BTreeMap<&str, Vec<&PeerInfo>> = Default::default();
     for p in peers.iter().filter(|p| !p.kernel.is_empty()) {
-        let e = per
-            .entry(p.kernel.as_str())
-            .or_insert((0, u32::MAX, Some(BTreeSet::new())));
-        e.0 += 1;
-        e.1 = e.1.min(p.cpus);
-        e.2 = match (e.2.take(), reported_cpus(p)) {
-            (Some(mut u), Some(l)) => {
-                u.extend(l);
-                Some(u)
-            }
-            _ => None,
-        };
+        by.entry(p.kernel.as_str()).or_default().push(p);
     }
-    per.into_iter()
-        .map(|(k, (n, least, union))| {
-            let c = union
-                .filter(|u| !u.is_empty())
+    by.into_iter()
+        .map(|(k, ps)| {
+            let least = ps.iter().map(|p| p.cpus).min().unwrap_or(u32::MAX);
+            let c = cpu_union(ps.iter().copied())
                 .map_or(least, |u| u32::try_from(u.len()).unwrap_or(u32::MAX));
-            (k, (n, c))
+            (k, (ps.len(), c))
         })
         .collect()
 }

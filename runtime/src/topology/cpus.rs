@@ -374,6 +374,11 @@ impl Topology {
             };
             out[r] = set;
         }
+        // the unmapped ranks grouped by their base set (`auto`, `core`, `hwthread` share it out)
+        let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+        for &r in &unmapped {
+            groups.entry(bases[r].clone()).or_default().push(r);
+        }
         match bind_to {
             BindTo::None => {
                 for &r in &unmapped {
@@ -389,10 +394,6 @@ impl Topology {
             BindTo::Auto => {
                 // numa, but ranks that outnumber their set's CPUs and split evenly over its
                 // cores take one core each (see [`BindTo::Auto`])
-                let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-                for &r in &unmapped {
-                    groups.entry(bases[r].clone()).or_default().push(r);
-                }
                 for (base, ranks) in groups {
                     let cores = self.cores_within(&base);
                     let (k, n) = (ranks.len(), cores.len());
@@ -415,10 +416,6 @@ impl Topology {
                 }
             }
             BindTo::Core | BindTo::Hwthread => {
-                let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-                for &r in &unmapped {
-                    groups.entry(bases[r].clone()).or_default().push(r);
-                }
                 for (base, ranks) in groups {
                     let units = if bind_to == BindTo::Core {
                         self.cores_within(&base)
