@@ -483,6 +483,7 @@ impl Communicator {
             least = least.min(v);
         }
         let all = least > 0;
+        let is_crowded = crowded.is_some();
         // whether the kernel copies fast decides on two-rank nodes and on crowded ones not
         // told `on`
         let crowded = crowded.filter(|_| least < 2);
@@ -501,6 +502,7 @@ impl Communicator {
                 crate::transport::shm::SINGLE_COPY_ALLTOALL_MIN
             },
             l == 2 && fast,
+            is_crowded,
         );
         let verdict = if !all {
             if !wanted {

@@ -63,7 +63,23 @@ pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// read directly (in place with the blocks staged for the peers, `ShmFabric::alltoall_stages`;
 /// Open MPI): 128 KiB 28.4 / 26.5 against 25.3 / 27.0 (23.0 / 41.4), 512 KiB 152 / 97 against
 /// 94 / 95 (127 / 128); 1 MiB (256 KiB blocks, -n 40) 270 / 187 against 312 / 229 (252 / 270).
+/// (Measured again with the ranks bound to a core each before exec, the direct read won out of
+/// place from 256 KiB blocks: see [`CROWDED_ALLTOALL_OOP_MAX`].)
 pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
+/// On a node of more than two ranks that outnumber its CPUs and whose all-to-all reads
+/// directly (its kernel copies fast, or it was told `on`), an all-to-all whose blocks run from
+/// [`SINGLE_COPY_ALLTOALL_MAX`] to under this many bytes reads them directly too when every
+/// local rank calls out of place (they agree first: `ShmFabric::all_out_of_place`). In place
+/// it stages: the blocks do not fit the slot there, and reading through a bounce buffer was
+/// slower than staging. 4 ranks on 2 CPUs, railperf alltoall -z 1 (-n 40 -w 5, from 12 MiB -n
+/// 20 -w 3), medians of 4 interleaved launches, µs out of place / in place, staged against read
+/// directly (Open MPI in the same loop): 1 MiB 277.6 / 182.2 against 233.6 / 193.4 (234.4 /
+/// 258.6), 2 MiB 554.6 / 454.0 against 486.0 / 593.1 (535.1 / 601.5), 4 MiB 1102 / 907
+/// against 980 / 1271 (963 / 1369), 8 MiB 2274 / 1809 against 1906 / 2660 (1895 / 2335), 12
+/// MiB 3393 / 2662 against 2959 / 3644 (2801 / 3396); 16 MiB (4 MiB blocks) 4625 / 3545
+/// against 4767 / 5239 (4457 / 4838). At 512 KiB (128 KiB blocks, already read directly) both
+/// ways took 70-80 µs.
+pub const CROWDED_ALLTOALL_OOP_MAX: usize = 4 << 20;
 /// All-gather and broadcast read the peer's block directly on two ranks, with blocks of at
 /// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`] (a broadcast's: under
 /// [`SINGLE_COPY_BROADCAST_MAX`]; on more ranks see [`TREE_BROADCAST_MIN`]). Otherwise they
@@ -459,6 +475,9 @@ impl ShmFabric {
         let contiguous = slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
         let single = match mode {
             NodeMode::Reduce { .. } => contiguous && self.single_copy_sizes(mode).contains(&bytes),
+            NodeMode::AllToAll if self.crowded_out_of_place_sizes().contains(&largest) => {
+                self.all_out_of_place(!std::ptr::eq(src, work))?
+            }
             _ => self.single_copy_sizes(mode).contains(&largest),
         };
         let small = fits
@@ -1786,6 +1805,60 @@ impl ShmFabric {
         }
     }
 
+    /// The all-to-all blocks a crowded node reads directly only when every local rank calls
+    /// out of place ([`CROWDED_ALLTOALL_OOP_MAX`], [`Self::all_out_of_place`]); empty unless
+    /// the node has more than two ranks, they outnumber its CPUs and its all-to-all reads
+    /// directly ([`Node::alltoall_single_min`]).
+    fn crowded_out_of_place_sizes(&self) -> std::ops::Range<usize> {
+        let node = &self.node;
+        if node.single_copy()
+            && node.crowded()
+            && self.local_size() > 2
+            && node.alltoall_single_min() != usize::MAX
+        {
+            SINGLE_COPY_ALLTOALL_MAX..CROWDED_ALLTOALL_OOP_MAX
+        } else {
+            0..0
+        }
+    }
+
+    /// Does every local rank call this all-to-all out of place (`out_of_place`: this one
+    /// does)? Each rank says how it calls before anything else (its `placement` word, for the
+    /// call's first generation). A rank calling in place knows the answer and goes on at once;
+    /// one calling out of place waits until every peer said (or published its header line for
+    /// that generation without saying: a peer in another call, small or large, which the staged
+    /// path's descriptor check then names). The answer is the same on every rank, so all take one path. No
+    /// rank's word can move on before every peer read it: the call it belongs to does not
+    /// end on any rank before every rank has begun it.
+    fn all_out_of_place(&self, out_of_place: bool) -> Result<bool> {
+        let g = self.gen + 1;
+        let me = self.node.me;
+        self.node
+            .placement(me)
+            .store(2 * g + u64::from(out_of_place), Ordering::SeqCst);
+        self.node.ring_bell();
+        if !out_of_place {
+            return Ok(false);
+        }
+        let elsewhere = AtomicU64::new(u64::MAX);
+        self.wait_all(
+            "all-to-all (waiting for peers to say whether they call in place)",
+            2 * g,
+            |j| {
+                let said = self.node.placement(j);
+                // SAFETY: the header line's first word, inside the mapping.
+                let line = unsafe { &*(self.node.line(j, g) as *const AtomicU64) };
+                if said.load(Ordering::Acquire) < 2 * g && line.load(Ordering::Acquire) >= g {
+                    &elsewhere
+                } else {
+                    said
+                }
+            },
+        )?;
+        Ok((0..self.local_size())
+            .all(|j| self.node.placement(j).load(Ordering::Acquire) == 2 * g + 1))
+    }
+
     /// Wait until local rank `j` published its buffers for generation `g` (a single-copy call),
     /// then check that it is in the same call.
     fn wait_buffer(
@@ -1865,5 +1938,161 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod crowded_tests {
+    use super::super::Geometry;
+    use super::*;
+    use railring_collectives::{DataType, ReduceOp};
+
+    /// Element `t` of the block rank `r` sends rank `j`: which rank, block and element, exactly.
+    fn value(r: usize, j: usize, t: usize) -> u32 {
+        ((r as u32) << 28) | ((j as u32) << 24) | t as u32
+    }
+
+    /// 4 local ranks (threads of this process) on a node of `crowded` ranks whose all-to-all
+    /// reads directly, each running `body` with its fabric; their results in local order.
+    fn node_of_four<T: Send + 'static>(
+        tag: &str,
+        crowded: bool,
+        body: impl Fn(&mut ShmFabric) -> T + Send + Sync + 'static,
+    ) -> Vec<T> {
+        let l = 4;
+        let dir = std::env::temp_dir().join(format!("rr-crowded-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("railring-seg");
+        let geo = Geometry {
+            local_size: l,
+            slot_bytes: (1 << 20) + SMALL_HDR,
+            ring_bytes: 4096,
+        };
+        let ranks: Vec<usize> = (0..l).collect();
+        let body = Arc::new(body);
+        let threads: Vec<_> = (0..l)
+            .map(|me| Node::open(&path, geo, ranks.clone(), me, "h".into(), me == 0).unwrap())
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|node| {
+                let body = body.clone();
+                std::thread::spawn(move || {
+                    node.set_single_copy(true, SINGLE_COPY_ALLTOALL_MIN, false, crowded);
+                    body(&mut ShmFabric::new(node, Duration::from_secs(30)))
+                })
+            })
+            .collect();
+        let out = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        out
+    }
+
+    /// One all-to-all of `n` u32 per block on each of 4 local ranks (threads of this process,
+    /// which can read each other's memory), rank `j` calling in place where `in_place(j)`; the
+    /// results checked element by element on every rank, and for each rank whether it read
+    /// its peers' buffers directly (the pairwise path's progress word moved to this call).
+    fn alltoall(crowded: bool, n: usize, in_place: fn(usize) -> bool) -> Vec<bool> {
+        let l = 4;
+        let tag = format!(
+            "{crowded}-{n}-{}",
+            (0..l)
+                .map(|j| u8::from(in_place(j)).to_string())
+                .collect::<String>()
+        );
+        node_of_four(&tag, crowded, move |fab| {
+            let me = fab.node.me;
+            let input: Vec<u32> = (0..l * n).map(|i| value(me, i / n, i % n)).collect();
+            let mut work = if in_place(me) {
+                input.clone()
+            } else {
+                vec![u32::MAX; l * n]
+            };
+            let slices: Vec<(usize, usize)> = (0..l).map(|j| (j * n * 4, n * 4)).collect();
+            let before = fab.gen;
+            // SAFETY: both buffers hold l * n u32 and outlive the call.
+            unsafe {
+                fab.run(NodeOp {
+                    mode: NodeMode::AllToAll,
+                    dtype: DataType::U32,
+                    op: ReduceOp::Sum,
+                    src: (!in_place(me)).then_some(input.as_ptr() as *const u8),
+                    work: work.as_mut_ptr() as *mut u8,
+                    slices: &slices,
+                    desc: &[7u8; DESC],
+                    describe: &|_| String::new(),
+                })
+                .unwrap();
+            }
+            for (i, &got) in work.iter().enumerate() {
+                let want = value(i / n, me, i % n);
+                assert_eq!(got, want, "rank {me} element {i}");
+            }
+            fab.node.pairs(me).load(Ordering::Acquire) >> 24 == before + 1
+        })
+    }
+
+    /// On a crowded node whose all-to-all reads directly, blocks from
+    /// [`SINGLE_COPY_ALLTOALL_MAX`] read directly only when every rank calls out of place; in
+    /// place, or with one rank in place, every rank stages; a node that is not crowded stages
+    /// them whatever the placement. Exact everywhere.
+    #[test]
+    fn a_crowded_node_reads_large_blocks_directly_only_when_all_call_out_of_place() {
+        let n = (SINGLE_COPY_ALLTOALL_MAX + 8192) / 4;
+        assert_eq!(alltoall(true, n, |_| false), [true; 4]);
+        assert_eq!(alltoall(true, n, |_| true), [false; 4]);
+        assert_eq!(alltoall(true, n, |j| j == 2), [false; 4]);
+        assert_eq!(alltoall(false, n, |_| false), [false; 4]);
+        // past the limit: staged
+        assert_eq!(
+            alltoall(true, CROWDED_ALLTOALL_OOP_MAX / 4, |_| false),
+            [false; 4]
+        );
+        // below it (already read directly): whatever the placement
+        assert_eq!(alltoall(true, 16 << 10, |j| j == 2), [true; 4]);
+    }
+
+    /// A rank in another call (a small all-reduce) while its peers wait to hear how it calls
+    /// the all-to-all: every rank fails naming the mismatch, none waits for its timeout.
+    #[test]
+    fn a_peer_in_another_call_fails_the_agreement_at_once() {
+        let n = (SINGLE_COPY_ALLTOALL_MAX + 8192) / 4;
+        let t = Instant::now();
+        let errs = node_of_four("mismatch", true, move |fab| {
+            let me = fab.node.me;
+            let input = vec![1u32; 4 * n];
+            let mut work = vec![0u32; 4 * n];
+            let slices: Vec<(usize, usize)> = if me == 3 {
+                vec![(0, 40)]
+            } else {
+                (0..4).map(|j| (j * n * 4, n * 4)).collect()
+            };
+            // SAFETY: both buffers hold 4 * n u32 and outlive the call.
+            unsafe {
+                fab.run(NodeOp {
+                    mode: if me == 3 {
+                        NodeMode::AllReduceSmall
+                    } else {
+                        NodeMode::AllToAll
+                    },
+                    dtype: DataType::U32,
+                    op: ReduceOp::Sum,
+                    src: Some(input.as_ptr() as *const u8),
+                    work: work.as_mut_ptr() as *mut u8,
+                    slices: &slices,
+                    desc: &[if me == 3 { 8u8 } else { 7 }; DESC],
+                    describe: &|d| format!("call {}", d[0]),
+                })
+                .map_err(|e| e.to_string())
+            }
+        });
+        for (r, e) in errs.iter().enumerate() {
+            let e = e.as_ref().expect_err("a mismatched call succeeded");
+            assert!(
+                e.contains("call 7") && e.contains("call 8"),
+                "rank {r}: {e}"
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
     }
 }

@@ -434,6 +434,10 @@ pub struct Node {
     /// copy between processes at under two memory copies ([`kernel_copy_ratio`]; set with
     /// [`Node::set_single_copy`]).
     large_single: AtomicBool,
+    /// The node's ranks outnumber its CPUs (agreed at set-up, as [`Node::set_single_copy`]
+    /// records it): where its all-to-all reads directly, an out-of-place all-to-all reads larger
+    /// blocks directly too once every local rank says it calls out of place (see `fabric.rs`).
+    crowded: AtomicBool,
     /// How the fabric's small calls publish their flags: `Release` where this process is
     /// registered for the sleepers' expedited memory barriers ([`asymmetric_fence`]), else
     /// `SeqCst`.
@@ -506,6 +510,7 @@ impl Node {
             single_copy: AtomicBool::new(false),
             large_single: AtomicBool::new(false),
             alltoall_single_min: AtomicUsize::new(usize::MAX),
+            crowded: AtomicBool::new(false),
             publish_order: if asymmetric_fence() {
                 Ordering::Release
             } else {
@@ -559,6 +564,11 @@ impl Node {
     }
     fn pid(&self, i: usize) -> &AtomicU32 {
         self.at(self.geo.ctl_off(i) + 192)
+    }
+    /// Whether rank `i` calls the all-to-all of generation `g` out of place, where the node must
+    /// agree on it: `2 g + 1` if so, `2 g` if in place (`ShmFabric::all_out_of_place`).
+    fn placement(&self, i: usize) -> &AtomicU64 {
+        self.at(self.geo.ctl_off(i) + 200)
     }
     /// The descriptor of generation `g`'s call (one per header line, so a rank that runs ahead
     /// into later calls cannot overwrite what a slower peer is about to compare).
@@ -732,12 +742,13 @@ impl Node {
 
     /// Record the node's agreement on single-copy reads (every local rank can read every
     /// other), from which all-to-all block size they are used (`usize::MAX`: never; a crowded
-    /// node whose kernel copies slowly), and whether a two-rank node uses them at every size
-    /// from their least (`large`).
-    pub fn set_single_copy(&self, on: bool, alltoall_min: usize, large: bool) {
+    /// node whose kernel copies slowly), whether a two-rank node uses them at every size
+    /// from their least (`large`), and whether the node's ranks outnumber its CPUs (`crowded`).
+    pub fn set_single_copy(&self, on: bool, alltoall_min: usize, large: bool, crowded: bool) {
         self.alltoall_single_min
             .store(alltoall_min, Ordering::Relaxed);
         self.large_single.store(on && large, Ordering::Relaxed);
+        self.crowded.store(crowded, Ordering::Relaxed);
         self.single_copy.store(on, Ordering::Release);
     }
 
@@ -745,6 +756,11 @@ impl Node {
     /// [`Node::set_single_copy`])?
     pub fn large_single(&self) -> bool {
         self.large_single.load(Ordering::Relaxed)
+    }
+
+    /// Do the node's ranks outnumber its CPUs (see [`Node::set_single_copy`])?
+    pub fn crowded(&self) -> bool {
+        self.crowded.load(Ordering::Relaxed)
     }
 
     /// The least all-to-all block read directly (see [`Node::set_single_copy`]).
