@@ -144,6 +144,20 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
         check(&format!("all_gather {ty} {count}"), &all, |i| {
             Some(T::from_i64(val(i / count, i, op)))
         });
+        // in place, then made in place by odd ranks and out of place by even ones
+        for mixed in [false, true] {
+            let mut buf = vec![T::default(); count * n];
+            buf[me * count..(me + 1) * count].copy_from_slice(&mine);
+            if mixed && me % 2 == 0 {
+                c.all_gather(&mine, &mut buf).unwrap();
+            } else {
+                c.all_gather_in_place(&mut buf).unwrap();
+            }
+            let what = if mixed { "mixed" } else { "in_place" };
+            check(&format!("all_gather {what} {ty} {count}"), &buf, |i| {
+                Some(T::from_i64(val(i / count, i, op)))
+            });
+        }
         // broadcast from every root
         for root in 0..n {
             let mut b: Vec<T> = if me == root {
