@@ -1975,6 +1975,32 @@ mod direct_tests {
         ((r as u32) << 28) | ((j as u32) << 24) | t as u32
     }
 
+    /// One call of `mode` over u32 on `fab`, out of place from `src` (which stands for the
+    /// input at `work`'s offsets) or in place; the descriptor is `[desc; DESC]`, described as
+    /// "call {desc}".
+    ///
+    /// # Safety
+    /// `src`, where given, valid for reads over every slice.
+    unsafe fn run_u32(
+        fab: &mut ShmFabric,
+        mode: NodeMode,
+        src: Option<*const u8>,
+        work: &mut [u32],
+        slices: &[(usize, usize)],
+        desc: u8,
+    ) -> Result<()> {
+        fab.run(NodeOp {
+            mode,
+            dtype: DataType::U32,
+            op: ReduceOp::Sum,
+            src,
+            work: work.as_mut_ptr() as *mut u8,
+            slices,
+            desc: &[desc; DESC],
+            describe: &|d| format!("call {}", d[0]),
+        })
+    }
+
     /// 4 local ranks (threads of this process) on a node of `crowded` ranks whose all-to-all
     /// reads directly, each running `body` with its fabric; their results in local order.
     fn node_of_four<T: Send + 'static>(
@@ -2045,20 +2071,9 @@ mod direct_tests {
             };
             let slices: Vec<(usize, usize)> = (0..l).map(|j| (j * n * 4, n * 4)).collect();
             let before = fab.gen;
+            let src = (!in_place(me)).then_some(input.as_ptr() as *const u8);
             // SAFETY: both buffers hold l * n u32 and outlive the call.
-            unsafe {
-                fab.run(NodeOp {
-                    mode: NodeMode::AllToAll,
-                    dtype: DataType::U32,
-                    op: ReduceOp::Sum,
-                    src: (!in_place(me)).then_some(input.as_ptr() as *const u8),
-                    work: work.as_mut_ptr() as *mut u8,
-                    slices: &slices,
-                    desc: &[7u8; DESC],
-                    describe: &|_| String::new(),
-                })
-                .unwrap();
-            }
+            unsafe { run_u32(fab, NodeMode::AllToAll, src, &mut work, &slices, 7).unwrap() };
             for (i, &got) in work.iter().enumerate() {
                 let want = value(i / n, me, i % n);
                 assert_eq!(got, want, "rank {me} element {i}");
@@ -2102,24 +2117,14 @@ mod direct_tests {
             } else {
                 (0..4).map(|j| (j * n * 4, n * 4)).collect()
             };
+            let (mode, desc) = if me == 3 {
+                (NodeMode::AllReduceSmall, 8)
+            } else {
+                (NodeMode::AllToAll, 7)
+            };
+            let src = Some(input.as_ptr() as *const u8);
             // SAFETY: both buffers hold 4 * n u32 and outlive the call.
-            unsafe {
-                fab.run(NodeOp {
-                    mode: if me == 3 {
-                        NodeMode::AllReduceSmall
-                    } else {
-                        NodeMode::AllToAll
-                    },
-                    dtype: DataType::U32,
-                    op: ReduceOp::Sum,
-                    src: Some(input.as_ptr() as *const u8),
-                    work: work.as_mut_ptr() as *mut u8,
-                    slices: &slices,
-                    desc: &[if me == 3 { 8u8 } else { 7 }; DESC],
-                    describe: &|d| format!("call {}", d[0]),
-                })
-                .map_err(|e| e.to_string())
-            }
+            unsafe { run_u32(fab, mode, src, &mut work, &slices, desc) }.map_err(|e| e.to_string())
         });
         for (r, e) in errs.iter().enumerate() {
             let e = e.as_ref().expect_err("a mismatched call succeeded");
@@ -2148,22 +2153,12 @@ mod direct_tests {
                     }
                     let slices: Vec<(usize, usize)> = (0..2).map(|j| (j * n * 4, n * 4)).collect();
                     let g = fab.gen + 1;
-                    // SAFETY: `mine` stands for this rank's slice of the call's input (NodeOp);
-                    // `work` holds both blocks; both outlive the call.
-                    unsafe {
-                        let src = (mine.as_ptr() as *const u8).wrapping_sub(me * n * 4);
-                        fab.run(NodeOp {
-                            mode: NodeMode::AllGather,
-                            dtype: DataType::U32,
-                            op: ReduceOp::Sum,
-                            src: (!in_place[me]).then_some(src),
-                            work: work.as_mut_ptr() as *mut u8,
-                            slices: &slices,
-                            desc: &[9u8; DESC],
-                            describe: &|_| String::new(),
-                        })
+                    let src = (mine.as_ptr() as *const u8).wrapping_sub(me * n * 4);
+                    let src = (!in_place[me]).then_some(src);
+                    // SAFETY: `src` stands for this rank's slice of the call's input (NodeOp),
+                    // which `mine` holds; `work` holds both blocks; both outlive the call.
+                    unsafe { run_u32(fab, NodeMode::AllGather, src, &mut work, &slices, 9) }
                         .unwrap();
-                    }
                     for (i, &got) in work.iter().enumerate() {
                         assert_eq!(got, value(i / n, i / n, i % n), "rank {me} element {i}");
                     }
