@@ -489,7 +489,10 @@ impl ShmFabric {
         let contiguous = slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
         let single = match mode {
             NodeMode::Reduce { .. } => contiguous && self.single_copy_sizes(mode).contains(&bytes),
-            NodeMode::AllToAll if self.crowded_out_of_place_sizes().contains(&largest) => {
+            NodeMode::AllToAll
+                if largest >= SINGLE_COPY_ALLTOALL_MAX
+                    && self.crowded_out_of_place_sizes().contains(&largest) =>
+            {
                 self.all_out_of_place(!std::ptr::eq(src, work))?
             }
             _ => self.single_copy_sizes(mode).contains(&largest),
@@ -2001,16 +2004,6 @@ mod direct_tests {
         })
     }
 
-    /// 4 local ranks (threads of this process) on a node of `crowded` ranks whose all-to-all
-    /// reads directly, each running `body` with its fabric; their results in local order.
-    fn node_of_four<T: Send + 'static>(
-        tag: &str,
-        crowded: bool,
-        body: impl Fn(&mut ShmFabric) -> T + Send + Sync + 'static,
-    ) -> Vec<T> {
-        node_of(4, tag, false, crowded, body)
-    }
-
     /// `l` local ranks (threads of this process) on a node that reads directly (`large`: at
     /// every size, as two ranks whose kernel copies fast), each running `body` with its fabric;
     /// their results in local order.
@@ -2061,7 +2054,7 @@ mod direct_tests {
                 .map(|j| u8::from(in_place(j)).to_string())
                 .collect::<String>()
         );
-        node_of_four(&tag, crowded, move |fab| {
+        node_of(4, &tag, false, crowded, move |fab| {
             let me = fab.node.me;
             let input: Vec<u32> = (0..l * n).map(|i| value(me, i / n, i % n)).collect();
             let mut work = if in_place(me) {
@@ -2108,7 +2101,7 @@ mod direct_tests {
     fn a_peer_in_another_call_fails_the_agreement_at_once() {
         let n = (SINGLE_COPY_ALLTOALL_MAX + 8192) / 4;
         let t = Instant::now();
-        let errs = node_of_four("mismatch", true, move |fab| {
+        let errs = node_of(4, "mismatch", false, true, move |fab| {
             let me = fab.node.me;
             let input = vec![1u32; 4 * n];
             let mut work = vec![0u32; 4 * n];
