@@ -555,7 +555,10 @@ impl ShmFabric {
         // The results of a large out-of-place call go to memory that is not cached (the output
         // buffer was not read): write them with streaming stores, saving the read of each
         // destination line before it is overwritten. In place, the lines were just read by the
-        // copy-in and are cached; streaming measured slower there.
+        // copy-in and are cached; streaming measured slower there. A rank's own block (all-to-all,
+        // all-gather) streams too: 4 ranks on 2 CPUs, all-to-all out of place, railperf -n 30 -z 1,
+        // medians of 6 launches: 32 MiB 11786 -> 11060 µs, 16 MiB unchanged (4632 / 4638);
+        // all-gather 32 MiB 6507 -> 6311 (4 launches).
         let total: usize = slices.iter().map(|s| s.1).sum();
         let stream = total >= STREAM_MIN && !std::ptr::eq(src, work);
         let copy_out = |d: *mut u8, s: *const u8, n: usize| {
@@ -692,7 +695,7 @@ impl ShmFabric {
                     }
                     if !std::ptr::eq(src, work) {
                         let (o, n) = piece(me);
-                        std::ptr::copy_nonoverlapping(src.wrapping_add(o), work.add(o), n);
+                        copy_out(work.add(o), src.wrapping_add(o), n);
                     }
                 }
                 NodeMode::Broadcast { root } => {
@@ -717,7 +720,7 @@ impl ShmFabric {
                     }
                     let (o, n) = piece(me);
                     if !std::ptr::eq(src, work) {
-                        std::ptr::copy_nonoverlapping(src.add(o), work.add(o), n);
+                        copy_out(work.add(o), src.add(o), n);
                     }
                 }
                 NodeMode::AllReduce | NodeMode::AllReduceSmall | NodeMode::Reduce { .. } => {
