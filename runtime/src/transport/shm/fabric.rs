@@ -2098,6 +2098,37 @@ mod direct_tests {
         assert_eq!(alltoall(true, 16 << 10, |j| j == 2), [true; 4]);
     }
 
+    /// A staged all-to-all and all-gather large enough to write their results with streaming
+    /// stores (from [`STREAM_MIN`] bytes out of place: peers' blocks and the rank's own), on 4
+    /// ranks with blocks of an odd number of elements: exact on every rank, out of place and
+    /// with one rank in place.
+    #[test]
+    fn large_staged_calls_write_exact_results_with_streaming_stores() {
+        let n = STREAM_MIN / 16 + 37;
+        assert_eq!(alltoall(false, n, |_| false), [false; 4]);
+        assert_eq!(alltoall(false, n, |j| j == 1), [false; 4]);
+        for in_place in [[false; 4], [false, false, true, false]] {
+            let tag = format!("ag-stream-{in_place:?}").replace([' ', ',', '[', ']'], "");
+            node_of(4, &tag, false, false, move |fab| {
+                let me = fab.node.me;
+                let mine: Vec<u32> = (0..n).map(|t| value(me, me, t)).collect();
+                let mut work = vec![u32::MAX; 4 * n];
+                if in_place[me] {
+                    work[me * n..(me + 1) * n].copy_from_slice(&mine);
+                }
+                let slices: Vec<(usize, usize)> = (0..4).map(|j| (j * n * 4, n * 4)).collect();
+                let src = (mine.as_ptr() as *const u8).wrapping_sub(me * n * 4);
+                let src = (!in_place[me]).then_some(src);
+                // SAFETY: `src` stands for this rank's slice of the call's input (NodeOp),
+                // which `mine` holds; `work` holds every block; both outlive the call.
+                unsafe { run_u32(fab, NodeMode::AllGather, src, &mut work, &slices, 9) }.unwrap();
+                for (i, &got) in work.iter().enumerate() {
+                    assert_eq!(got, value(i / n, i / n, i % n), "rank {me} element {i}");
+                }
+            });
+        }
+    }
+
     /// A rank in another call (a small all-reduce) while its peers wait to hear how it calls
     /// the all-to-all: every rank fails naming the mismatch, none waits for its timeout.
     #[test]
