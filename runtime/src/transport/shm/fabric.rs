@@ -2078,6 +2078,29 @@ mod direct_tests {
         })
     }
 
+    /// One all-gather of `n` u32 per block on `fab`'s node, this rank calling in place or out of
+    /// place (its input holding only its own block); the result checked element by element.
+    /// Returns the call's generation and the result's address.
+    fn all_gather(fab: &mut ShmFabric, n: usize, in_place: bool) -> (u64, u64) {
+        let (me, l) = (fab.node.me, fab.local_size());
+        let mine: Vec<u32> = (0..n).map(|t| value(me, me, t)).collect();
+        let mut work = vec![u32::MAX; l * n];
+        if in_place {
+            work[me * n..(me + 1) * n].copy_from_slice(&mine);
+        }
+        let slices: Vec<(usize, usize)> = (0..l).map(|j| (j * n * 4, n * 4)).collect();
+        let g = fab.gen + 1;
+        let src = (mine.as_ptr() as *const u8).wrapping_sub(me * n * 4);
+        let src = (!in_place).then_some(src);
+        // SAFETY: `src` stands for this rank's slice of the call's input (NodeOp), which `mine`
+        // holds; `work` holds every block; both outlive the call.
+        unsafe { run_u32(fab, NodeMode::AllGather, src, &mut work, &slices, 9) }.unwrap();
+        for (i, &got) in work.iter().enumerate() {
+            assert_eq!(got, value(i / n, i / n, i % n), "rank {me} element {i}");
+        }
+        (g, work.as_ptr() as u64)
+    }
+
     /// On a crowded node whose all-to-all reads directly, blocks from
     /// [`SINGLE_COPY_ALLTOALL_MAX`] read directly only when every rank calls out of place; in
     /// place, or with one rank in place, every rank stages; a node that is not crowded stages
@@ -2110,21 +2133,7 @@ mod direct_tests {
         for in_place in [[false; 4], [false, false, true, false]] {
             let tag = format!("ag-stream-{in_place:?}").replace([' ', ',', '[', ']'], "");
             node_of(4, &tag, false, false, move |fab| {
-                let me = fab.node.me;
-                let mine: Vec<u32> = (0..n).map(|t| value(me, me, t)).collect();
-                let mut work = vec![u32::MAX; 4 * n];
-                if in_place[me] {
-                    work[me * n..(me + 1) * n].copy_from_slice(&mine);
-                }
-                let slices: Vec<(usize, usize)> = (0..4).map(|j| (j * n * 4, n * 4)).collect();
-                let src = (mine.as_ptr() as *const u8).wrapping_sub(me * n * 4);
-                let src = (!in_place[me]).then_some(src);
-                // SAFETY: `src` stands for this rank's slice of the call's input (NodeOp),
-                // which `mine` holds; `work` holds every block; both outlive the call.
-                unsafe { run_u32(fab, NodeMode::AllGather, src, &mut work, &slices, 9) }.unwrap();
-                for (i, &got) in work.iter().enumerate() {
-                    assert_eq!(got, value(i / n, i / n, i % n), "rank {me} element {i}");
-                }
+                all_gather(fab, n, in_place[fab.node.me]);
             });
         }
     }
@@ -2173,28 +2182,13 @@ mod direct_tests {
                 let tag = format!("ag-{n}-{in_place:?}").replace([' ', ',', '[', ']'], "");
                 let published = node_of(2, &tag, true, false, move |fab| {
                     let me = fab.node.me;
-                    let mine: Vec<u32> = (0..n).map(|t| value(me, me, t)).collect();
-                    let mut work = vec![u32::MAX; 2 * n];
-                    if in_place[me] {
-                        work[me * n..(me + 1) * n].copy_from_slice(&mine);
-                    }
-                    let slices: Vec<(usize, usize)> = (0..2).map(|j| (j * n * 4, n * 4)).collect();
-                    let g = fab.gen + 1;
-                    let src = (mine.as_ptr() as *const u8).wrapping_sub(me * n * 4);
-                    let src = (!in_place[me]).then_some(src);
-                    // SAFETY: `src` stands for this rank's slice of the call's input (NodeOp),
-                    // which `mine` holds; `work` holds both blocks; both outlive the call.
-                    unsafe { run_u32(fab, NodeMode::AllGather, src, &mut work, &slices, 9) }
-                        .unwrap();
-                    for (i, &got) in work.iter().enumerate() {
-                        assert_eq!(got, value(i / n, i / n, i % n), "rank {me} element {i}");
-                    }
+                    let (g, work) = all_gather(fab, n, in_place[me]);
                     // SAFETY: a word of this rank's header line, inside the mapping.
                     let result = unsafe {
                         (*(fab.node.line(me, g).add(LINE_RESULT) as *const AtomicU64))
                             .load(Ordering::Acquire)
                     };
-                    result == work.as_ptr() as u64
+                    result == work
                 });
                 assert_eq!(
                     published, [pushed; 2],
