@@ -595,26 +595,12 @@ unsafe fn stream_lines_sse2(dst: *mut u8, src: *const u8, n: usize) {
     }
 }
 
-/// [`stream_lines_sse2`] with AVX-512 stores, one a line (`dst` 64-byte aligned), four lines
-/// loaded before they are stored.
+/// [`stream_lines_sse2`] with AVX-512 stores, one a line (`dst` 64-byte aligned).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn stream_lines_avx512(dst: *mut u8, src: *const u8, n: usize) {
     use std::arch::x86_64::{__m512i, _mm512_loadu_si512, _mm512_stream_si512};
-    let mut k = 0;
-    while k + 256 <= n {
-        let (s, d) = (src.add(k), dst.add(k));
-        let a = _mm512_loadu_si512(s as *const __m512i);
-        let b = _mm512_loadu_si512(s.add(64) as *const __m512i);
-        let c = _mm512_loadu_si512(s.add(128) as *const __m512i);
-        let e = _mm512_loadu_si512(s.add(192) as *const __m512i);
-        _mm512_stream_si512(d as *mut __m512i, a);
-        _mm512_stream_si512(d.add(64) as *mut __m512i, b);
-        _mm512_stream_si512(d.add(128) as *mut __m512i, c);
-        _mm512_stream_si512(d.add(192) as *mut __m512i, e);
-        k += 256;
-    }
-    for k in (k..n).step_by(64) {
+    for k in (0..n).step_by(64) {
         let v = _mm512_loadu_si512(src.add(k) as *const __m512i);
         _mm512_stream_si512(dst.add(k) as *mut __m512i, v);
     }

@@ -489,6 +489,7 @@ impl ShmFabric {
         let contiguous = slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
         let single = match mode {
             NodeMode::Reduce { .. } => contiguous && self.single_copy_sizes(mode).contains(&bytes),
+            // (the size first: small calls skip reading the node's flags)
             NodeMode::AllToAll
                 if largest >= SINGLE_COPY_ALLTOALL_MAX
                     && self.crowded_out_of_place_sizes().contains(&largest) =>
@@ -533,7 +534,7 @@ impl ShmFabric {
             }
         }
         if single {
-            return self.single_copy(&call, staged);
+            return self.single_copy(&call, staged, largest);
         }
         // a large reduce runs as the all-reduce, with only the root getting the result (copied
         // out by the root, or from REDUCE_WRITE_MIN written into it by the others)
@@ -737,10 +738,16 @@ impl ShmFabric {
     /// agreed beforehand that every rank can read every other ([`Node::single_copy`]), and the
     /// choice depends only on the call's shape, so all local ranks take this path together.
     /// All-gather: each rank then says it is done and returns once every peer is, since they
-    /// read its buffer. All-to-all goes pairwise ([`Self::pairwise_all_to_all`]), which also
+    /// read its buffer (from [`PUSH_ALL_GATHER_MIN`] by `largest`, the call's largest block, it
+    /// writes its block into theirs instead). All-to-all goes pairwise ([`Self::pairwise_all_to_all`]), which also
     /// works in place (`staged`: [`Self::alltoall_stages`] of the call); broadcast:
     /// [`Self::single_copy_broadcast`].
-    unsafe fn single_copy(&mut self, call: &NodeOp<'_>, staged: Option<usize>) -> Result<()> {
+    unsafe fn single_copy(
+        &mut self,
+        call: &NodeOp<'_>,
+        staged: Option<usize>,
+        largest: usize,
+    ) -> Result<()> {
         let &NodeOp {
             mode,
             work,
@@ -763,8 +770,7 @@ impl ShmFabric {
         // it: [`Self::single_copy_broadcast`], [`Self::single_copy_reduce`]), and a broadcast's
         // root how much of the peer's it writes
         let line = self.node.line(me, g);
-        let push = mode == NodeMode::AllGather
-            && slices.iter().map(|s| s.1).max().unwrap_or(0) >= PUSH_ALL_GATHER_MIN;
+        let push = mode == NodeMode::AllGather && largest >= PUSH_ALL_GATHER_MIN;
         if push || matches!(mode, NodeMode::Broadcast { .. } | NodeMode::Reduce { .. }) {
             (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
         }
