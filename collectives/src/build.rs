@@ -10,7 +10,7 @@
 //! | all_gather      | two_level (uniform layouts), ring, recursive_doubling (2^k ranks) |
 //! | broadcast       | tree, ring (pipelined chain), two_level (uniform layouts) |
 //! | reduce          | tree, two_level (uniform layouts)                 |
-//! | all_to_all      | pairwise, two_level                               |
+//! | all_to_all      | pairwise, two_level, bruck                        |
 //! | barrier         | as all_reduce of `max(count, 1)` elements (any all-reduce algorithm) |
 //! | send_recv       | none: point-to-point is not a plan ([`PlanError::NotAPlan`]) |
 //!
@@ -30,7 +30,7 @@
 
 use crate::builder::{Ctx, LayoutIndex};
 use crate::plan::{Algo, CollKind, Layout, Plan};
-use crate::{pairwise, recursive_doubling, ring, tree, two_level};
+use crate::{bruck, pairwise, recursive_doubling, ring, tree, two_level};
 
 // The shared vocabulary lives in `builder`; re-exported so `build::PlanError` and
 // `build::validate_layout` keep working.
@@ -131,6 +131,7 @@ fn builder_of(kind: CollKind, algo: Algo) -> Result<BuildFn, PlanError> {
         (CollKind::Reduce, Algo::TwoLevel) => |c, l, n, r| two_level::reduce_in(c, l, n, r),
         (CollKind::AllToAll, Algo::Pairwise) => |c, _, n, _| pairwise::all_to_all_in(c, n),
         (CollKind::AllToAll, Algo::TwoLevel) => |c, l, n, _| two_level::all_to_all_in(c, l, n),
+        (CollKind::AllToAll, Algo::Bruck) => |c, _, n, _| bruck::all_to_all_in(c, n),
         (CollKind::SendRecv, _) => return Err(PlanError::NotAPlan { kind }),
         _ => return unsupported,
     })
@@ -157,7 +158,7 @@ pub fn algorithms_for(kind: CollKind) -> &'static [Algo] {
         }
         CollKind::Broadcast => &[Algo::Tree, Algo::Ring, Algo::TwoLevel],
         CollKind::Reduce => &[Algo::Tree, Algo::TwoLevel],
-        CollKind::AllToAll => &[Algo::Pairwise, Algo::TwoLevel],
+        CollKind::AllToAll => &[Algo::Pairwise, Algo::TwoLevel, Algo::Bruck],
         CollKind::SendRecv => &[],
     }
 }

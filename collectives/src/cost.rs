@@ -130,7 +130,7 @@ impl CostModel {
         let home = nodes.node_of(plan.rank);
         let node_size = home.map_or(1, |k| nodes.sizes[k]);
         let sharers = match plan.algo {
-            Algo::TwoLevel | Algo::RecursiveDoubling | Algo::Pairwise => node_size,
+            Algo::TwoLevel | Algo::RecursiveDoubling | Algo::Pairwise | Algo::Bruck => node_size,
             Algo::Ring | Algo::Tree => 1,
         };
         let share = sharers.div_ceil(self.rails.max(1)).max(1) as f64;

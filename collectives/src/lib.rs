@@ -1,6 +1,7 @@
 //! Pure collective-communication logic: element types, reduction kernels, algorithm plans,
 //! checking and the cost model. Nothing here touches sockets, processes or files.
 
+pub mod bruck;
 pub mod build;
 pub mod builder;
 pub mod check;

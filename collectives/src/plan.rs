@@ -9,7 +9,9 @@
 //! - `Buf::Work` is the rank's working buffer: for all-reduce / broadcast / reduce it has `count`
 //!   elements; for reduce-scatter and all-gather `count * n` (rank r's block is
 //!   `split(count*n, n, r)`... see each algorithm); `Buf::Input` is a second, read-only buffer
-//!   (all-to-all's send buffer).
+//!   (all-to-all's send buffer); `Buf::Scratch` is the rank's own temporary space for one call
+//!   (e.g. the Bruck all-to-all packs blocks there), uninitialised at the start, as long as the
+//!   plan's furthest scratch region ([`Plan::scratch_len`]).
 //! - `Exchange` steps between the same ordered pair of ranks on the same channel are matched in
 //!   order (FIFO). Zero-length transfers are skipped by every executor, consistently on both sides.
 //! - In an `Exchange`, the send and the receive run concurrently (never send-then-receive), so two
@@ -74,6 +76,8 @@ pub enum Buf {
     Work,
     /// A read-only second buffer (all-to-all's send buffer).
     Input,
+    /// Temporary space of this rank for the call: uninitialised at the start, gone at the end.
+    Scratch,
 }
 
 /// A range of elements in one of the rank's buffers.
@@ -95,6 +99,13 @@ impl Region {
     pub const fn input(offset: usize, len: usize) -> Region {
         Region {
             buf: Buf::Input,
+            offset,
+            len,
+        }
+    }
+    pub const fn scratch(offset: usize, len: usize) -> Region {
+        Region {
+            buf: Buf::Scratch,
             offset,
             len,
         }
@@ -211,6 +222,8 @@ pub enum Algo {
     Tree,
     /// Pairwise exchange (all-to-all).
     Pairwise,
+    /// Bruck's all-to-all: ceil(log2 n) rounds, blocks packed (small blocks, many ranks).
+    Bruck,
 }
 
 impl Algo {
@@ -221,6 +234,7 @@ impl Algo {
             Algo::RecursiveDoubling => "recursive_doubling",
             Algo::Tree => "tree",
             Algo::Pairwise => "pairwise",
+            Algo::Bruck => "bruck",
         }
     }
     pub fn parse(s: &str) -> Option<Algo> {
@@ -230,6 +244,7 @@ impl Algo {
             "recursive_doubling" | "rd" | "rec_doubling" => Algo::RecursiveDoubling,
             "tree" => Algo::Tree,
             "pairwise" => Algo::Pairwise,
+            "bruck" => Algo::Bruck,
             _ => return None,
         })
     }
@@ -303,6 +318,27 @@ pub struct DeviceSplit {
 }
 
 impl Plan {
+    /// Elements of scratch space the plan needs: the end of its furthest `Scratch` region (0 for
+    /// most plans).
+    pub fn scratch_len(&self) -> usize {
+        let mut end = 0;
+        for s in &self.steps {
+            let regions = match s {
+                Step::Exchange { send, recv, .. } => {
+                    [send.map(|x| x.region), recv.map(|x| x.region)]
+                }
+                Step::Copy { src, dst } => [Some(*src), Some(*dst)],
+                _ => [None, None],
+            };
+            for r in regions.into_iter().flatten() {
+                if r.buf == Buf::Scratch && r.len > 0 {
+                    end = end.max(r.end());
+                }
+            }
+        }
+        end
+    }
+
     /// Split into in-node steps, network exchanges, in-node steps (see [`DeviceSplit`]). `None`
     /// when the plan is not of that shape (an in-node step between exchanges, a local copy, or
     /// a region of the input buffer), so the caller stages the whole buffer instead.
@@ -371,6 +407,7 @@ impl fmt::Display for Region {
         let b = match self.buf {
             Buf::Work => "work",
             Buf::Input => "in",
+            Buf::Scratch => "tmp",
         };
         write!(f, "{b}[{}..{}]", self.offset, self.end())
     }

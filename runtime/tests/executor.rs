@@ -414,6 +414,8 @@ fn run_case(case: &Case<'_>, device: bool) {
                             input: inp.as_ptr(),
                             input_bytes: inp.len(),
                             src: None,
+                            scratch: std::ptr::null_mut(),
+                            scratch_bytes: 0,
                         };
                         let r = match &split {
                             None => unsafe { ex.run(&plan, &desc, op, bufs) },
@@ -741,6 +743,8 @@ fn host_only_links_refuse_device_memory() {
         input: std::ptr::null(),
         input_bytes: 0,
         src: None,
+        scratch: std::ptr::null_mut(),
+        scratch_bytes: 0,
     };
     let e = unsafe { ex.run(&plan, &desc, ReduceOp::Sum, bufs) }.unwrap_err();
     assert!(e.to_string().contains("cannot move Device"), "{e}");

@@ -170,6 +170,8 @@ fn rank_main(me: usize, link: RailLink, sizes: &[usize], break_at: Vec<usize>) -
                     input: std::ptr::null(),
                     input_bytes: 0,
                     src: None,
+                    scratch: std::ptr::null_mut(),
+                    scratch_bytes: 0,
                 },
             )
             .unwrap_or_else(|e| panic!("rank {me} call {call} all-reduce: {e}"));

@@ -388,7 +388,7 @@ fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
         |_| "same".into(),
         Duration::from_secs(120),
     ));
-    for algo in ["ring", "recursive_doubling", "tree"] {
+    for algo in ["ring", "recursive_doubling", "tree", "bruck"] {
         all_ok(&direct(
             4,
             &["all"],
@@ -397,6 +397,15 @@ fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
             Duration::from_secs(120),
         ));
     }
+    // Bruck's all-to-all on a rank count that is not a power of two (shifts, not swaps), one
+    // rank a host: every block crosses TCP, packed with others through the scratch space.
+    all_ok(&direct(
+        3,
+        &["all"],
+        &[("RAILRING_ALGO", "bruck")],
+        |r| format!("h{r}"),
+        Duration::from_secs(120),
+    ));
 }
 
 #[test]

@@ -32,6 +32,8 @@ pub(super) struct Sim<'a> {
     pub(super) ex: Exprs,
     pub(super) work: Vec<Vec<Val>>,
     input: Vec<Vec<Val>>,
+    /// Each rank's scratch space, uninitialised at the start.
+    scratch: Vec<Vec<Val>>,
     pc: Vec<usize>,
     st: Vec<ExState>,
     queues: HashMap<Key, VecDeque<Msg>>,
@@ -66,8 +68,13 @@ impl<'a> Sim<'a> {
         let input = (0..n)
             .map(|r| (0..input_len).map(|i| leaf(r, Buf::Input, i)).collect())
             .collect();
+        let scratch = plans
+            .iter()
+            .map(|p| vec![UNKNOWN; p.scratch_len()])
+            .collect();
         Sim {
             plans,
+            scratch,
             n,
             count,
             // Roughly one combine per element per rank, at most 2^22 up front.
@@ -86,8 +93,18 @@ impl<'a> Sim<'a> {
         let b = match reg.buf {
             Buf::Work => &self.work[r],
             Buf::Input => &self.input[r],
+            Buf::Scratch => &self.scratch[r],
         };
         b[reg.offset..reg.end()].to_vec()
+    }
+
+    /// The writable elements of `reg` (validation keeps `Input` regions out of here).
+    fn write(&mut self, r: usize, reg: &Region) -> &mut [Val] {
+        let b = match reg.buf {
+            Buf::Scratch => &mut self.scratch[r],
+            Buf::Work | Buf::Input => &mut self.work[r],
+        };
+        &mut b[reg.offset..reg.end()]
     }
 
     fn current(&self, r: usize) -> Option<&'a Step> {
@@ -129,7 +146,7 @@ impl<'a> Sim<'a> {
         match step {
             Step::Copy { src, dst } => {
                 let vals = self.read(r, src);
-                self.work[r][dst.offset..dst.end()].copy_from_slice(&vals);
+                self.write(r, dst).copy_from_slice(&vals);
                 self.pc[r] += 1;
                 Ok(true)
             }
@@ -169,13 +186,17 @@ impl<'a> Sim<'a> {
                                 });
                             }
                             *self.consumed.entry(key).or_insert(0) += 1;
-                            let dst = &mut self.work[r][x.region.offset..x.region.end()];
                             if *reduce {
+                                let b = match x.region.buf {
+                                    Buf::Scratch => &mut self.scratch[r],
+                                    Buf::Work | Buf::Input => &mut self.work[r],
+                                };
+                                let dst = &mut b[x.region.offset..x.region.end()];
                                 for (d, v) in dst.iter_mut().zip(msg.vals) {
                                     *d = self.ex.op(*d, v);
                                 }
                             } else {
-                                dst.copy_from_slice(&msg.vals);
+                                self.write(r, &x.region).copy_from_slice(&msg.vals);
                             }
                             self.st[r].recv_done = true;
                             changed = true;

@@ -1,5 +1,6 @@
-//! Static validation of one rank's plan before simulation: regions in bounds, the input
-//! buffer read-only, peers are other ranks, no overlapping send/receive without reduce, in-node
+//! Static validation of one rank's plan before simulation: regions in bounds (scratch no
+//! larger than the call's largest buffer), the input buffer read-only, in-node steps on the
+//! work buffer, peers are other ranks, no overlapping send/receive without reduce, in-node
 //! groups on one node with disjoint slices.
 
 use super::error::CheckError;
@@ -25,10 +26,12 @@ pub(super) fn validate(
     input_len: usize,
 ) -> Result<(), CheckError> {
     let r = p.rank;
+    let scratch_len = work_len.max(input_len);
     let in_bounds = |step: usize, reg: &Region, writable: bool| -> Result<(), CheckError> {
         let (len, name) = match reg.buf {
             Buf::Work => (work_len, "work"),
             Buf::Input => (input_len, "input"),
+            Buf::Scratch => (scratch_len, "scratch (at most the largest buffer)"),
         };
         if writable && reg.buf == Buf::Input && reg.len > 0 {
             return Err(bad(
@@ -140,6 +143,13 @@ pub(super) fn validate(
                     }
                 }
                 if let Step::NodeBroadcast { region, .. } = s {
+                    if region.buf != Buf::Work {
+                        return Err(bad(
+                            r,
+                            i,
+                            format!("in-node step on {region}: only the work buffer is shared"),
+                        ));
+                    }
                     in_bounds(i, region, true)?;
                     continue;
                 }
@@ -161,6 +171,13 @@ pub(super) fn validate(
                     }
                 }
                 for (j, sl) in slices.iter().enumerate() {
+                    if sl.buf != Buf::Work {
+                        return Err(bad(
+                            r,
+                            i,
+                            format!("in-node step on {sl}: only the work buffer is shared"),
+                        ));
+                    }
                     in_bounds(i, sl, true)?;
                     if let Some(o) = slices[..j].iter().find(|o| overlap(o, sl)) {
                         return Err(bad(r, i, format!("node slices {o} and {sl} overlap")));

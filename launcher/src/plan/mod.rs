@@ -37,7 +37,8 @@ const USAGE: &str = "usage: railrun plan --fabric FILE [options]
   -i, --stepbytes N    size increment (instead of -f)
   -d, --datatype T     element type (default float)
   --collective C       allreduce (default), reducescatter, allgather, alltoall, broadcast
-  --algo A             ring, two_level, tree, recursive_doubling, pairwise, or all (default)
+  --algo A             ring, two_level, tree, recursive_doubling, pairwise, bruck, or all
+                       (default)
   --json               print the table as JSON
   --svg FILE           also plot predicted busbw against size, one line per algorithm
   --html FILE          also write a page: the fabric with links coloured by load, the node
@@ -187,7 +188,7 @@ pub fn parse_args(args: &[String]) -> Result<Option<PlanArgs>, String> {
                     None
                 } else {
                     Some(Algo::parse(&v).ok_or_else(|| {
-                        format!("--algo `{v}`: expected ring, two_level, tree, recursive_doubling, pairwise or all")
+                        format!("--algo `{v}`: expected ring, two_level, tree, recursive_doubling, pairwise, bruck or all")
                     })?)
                 };
             }

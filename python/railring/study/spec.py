@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 COLLECTIVES = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce", "alltoall", "sendrecv"]
-ALGORITHMS = ["auto", "two_level", "ring", "recursive_doubling", "tree"]
+ALGORITHMS = ["auto", "two_level", "ring", "recursive_doubling", "tree", "pairwise", "bruck"]
 DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "bfloat16", "float", "double"]
 KNOWN = {
     "name", "hostfile", "ssh", "nodes", "ranks_per_node", "emulate_nodes", "collectives", "sizes",

@@ -447,6 +447,8 @@ impl Inner {
             input: input.as_ptr(),
             input_bytes: input.len(),
             src: src.map(|s| s.as_ptr()),
+            scratch: std::ptr::null_mut(),
+            scratch_bytes: 0,
         };
         // The last call's shape and plan: repeated calls skip both map lookups, and a plan that
         // is one fabric call goes straight to the fabric. (Pipelined calls are not cached: they

@@ -527,6 +527,8 @@ unsafe fn run_steps(
         input: std::ptr::null(),
         input_bytes: 0,
         src: None,
+        scratch: std::ptr::null_mut(),
+        scratch_bytes: 0,
     };
     ex.run(plan, desc, op, bufs)
 }
@@ -571,6 +573,8 @@ unsafe fn run_net_on_device(
         input: std::ptr::null(),
         input_bytes: 0,
         src: None,
+        scratch: std::ptr::null_mut(),
+        scratch_bytes: 0,
     };
     ex.run(plan, desc, op, bufs)
 }

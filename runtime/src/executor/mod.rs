@@ -103,6 +103,18 @@ pub struct Bufs {
     /// copies them in, or lets an in-node fabric read them directly when the plan starts with
     /// an in-node all-reduce.
     pub src: Option<*const u8>,
+    /// The plan's scratch space (`Buf::Scratch`): set by [`Executor::run`] from a per-thread
+    /// buffer when the plan has scratch regions; callers pass null and 0.
+    pub scratch: *mut u8,
+    pub scratch_bytes: usize,
+}
+
+/// Scratch buffers stay with their thread between calls up to this size (bytes), so repeated
+/// calls of a plan with scratch regions (the Bruck all-to-all) allocate nothing.
+const SCRATCH_KEEP: usize = 4 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::Cell<Vec<u64>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 impl Bufs {
@@ -110,6 +122,7 @@ impl Bufs {
         let (base, len) = match r.buf {
             Buf::Work => (self.work, self.work_bytes),
             Buf::Input => (self.input as *mut u8, self.input_bytes),
+            Buf::Scratch => (self.scratch, self.scratch_bytes),
         };
         let off = r
             .offset
@@ -212,6 +225,38 @@ impl<'a> Executor<'a> {
     /// # Safety
     /// `bufs` must describe buffers valid for reads (input) and reads/writes (work).
     pub unsafe fn run(
+        &mut self,
+        plan: &Plan,
+        desc: &CallDesc,
+        op: ReduceOp,
+        bufs: Bufs,
+    ) -> Result<()> {
+        let scratch = plan.scratch_len();
+        if scratch > 0 {
+            // Taken from the thread and put back: a nested run on this thread takes an empty one.
+            let bytes = scratch
+                .checked_mul(desc.dtype.size())
+                .ok_or_else(|| Error::Plan("scratch size overflow".into()))?;
+            let mut s = SCRATCH.take();
+            if s.len() < bytes.div_ceil(8) {
+                s.resize(bytes.div_ceil(8), 0);
+            }
+            let with = Bufs {
+                scratch: s.as_mut_ptr().cast(),
+                scratch_bytes: bytes,
+                ..bufs
+            };
+            let r = self.run_plan(plan, desc, op, with);
+            if s.capacity() * 8 <= SCRATCH_KEEP {
+                SCRATCH.set(s);
+            }
+            return r;
+        }
+        self.run_plan(plan, desc, op, bufs)
+    }
+
+    /// [`Self::run`] once the scratch space is in `bufs`.
+    unsafe fn run_plan(
         &mut self,
         plan: &Plan,
         desc: &CallDesc,
@@ -510,6 +555,8 @@ impl<'a> Executor<'a> {
             input: bufs.input,
             input_bytes: 0,
             src: None,
+            scratch: bufs.scratch,
+            scratch_bytes: bufs.scratch_bytes,
         };
         let lens: Vec<usize> = segs
             .iter()
