@@ -288,12 +288,23 @@ fn in_node_single_copy_and_staged_paths_are_both_exact() {
 
 #[test]
 fn every_collective_two_nodes_over_tcp_and_uneven_nodes() {
-    // 2 + 2: the two-level algorithm with a TCP ring per local rank; the small all-to-all's
-    // exchanges with the other node run as one group
+    // 2 + 2, the cost model's choices: the two-level algorithm with a TCP ring per local rank,
+    // recursive doubling, Bruck's all-to-all for small blocks
+    all_ok(&direct(
+        4,
+        &["all"],
+        &[],
+        |r| format!("h{}", r / 2),
+        Duration::from_secs(120),
+    ));
+    // the two-level all-to-all's small exchanges with the other node run as one group (the
+    // cost model gives small all-to-alls across nodes to Bruck's plan, whose rounds depend on
+    // each other)
     let outs = direct(
         4,
         &["all"],
         &[
+            ("RAILRING_ALGO", "two_level"),
             ("RAILRING_DEBUG", "DEBUG"),
             ("RAILRING_DEBUG_SUBSYS", "exec"),
         ],
@@ -397,15 +408,18 @@ fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
             Duration::from_secs(120),
         ));
     }
-    // Bruck's all-to-all on a rank count that is not a power of two (shifts, not swaps), one
-    // rank a host: every block crosses TCP, packed with others through the scratch space.
-    all_ok(&direct(
-        3,
-        &["all"],
-        &[("RAILRING_ALGO", "bruck")],
-        |r| format!("h{r}"),
-        Duration::from_secs(120),
-    ));
+    // Bruck's all-to-all on rank counts that are not a power of two (shifts, not swaps): one
+    // rank a host (every block crosses TCP, packed with others through the scratch space), and
+    // 5 ranks on hosts of 2, 2 and 1 (shared-memory and TCP links in one call).
+    for (n, per_host) in [(3, 1), (5, 2)] {
+        all_ok(&direct(
+            n,
+            &["all"],
+            &[("RAILRING_ALGO", "bruck")],
+            |r| format!("h{}", r / per_host),
+            Duration::from_secs(120),
+        ));
+    }
 }
 
 #[test]
