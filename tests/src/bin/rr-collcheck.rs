@@ -263,6 +263,8 @@ fn main() {
                 1000,
                 // 16 KiB: the largest all-to-all block the executor sends grouped
                 4096,
+                // 24 KiB: a one-round reduce on 3 ranks, the pipelined one on 4 or more
+                6001,
                 8209,
                 16_411,
                 70_001,

@@ -205,8 +205,19 @@ const SMALL_BROADCAST: usize = 32 << 10;
 /// in one round beside the header lines ([`ShmFabric::small_exchange`]).
 const SMALL_EXCHANGE: usize = SMALL_BOX;
 /// A reduce of at most this many bytes goes in one round: the others write and return, the
-/// root reduces.
+/// root reduces (on 4 local ranks or more: [`SMALL_REDUCE_MANY`]).
 const SMALL_REDUCE: usize = 32 << 10;
+/// ...on 4 local ranks or more, up to this many: above it the root's reduction of every rank's
+/// copy, alone, costs more than the pipelined reduce, whose ranks each reduce a piece.
+/// railperf reduce -z 1 (-n 200–400), 2 CPUs, medians of 4–6 interleaved launches, µs out of
+/// place / in place, one round against pipelined (Open MPI in the same loop): 4 ranks 16 KiB
+/// 11.6 / 11.5 against 13.1 / 13.2 (16.8 / 16.8), 24 KiB 16.2 / 15.5 against 15.3 / 15.3,
+/// 32 KiB 19.7 / 20.0 against 17.1 / 16.9 (24.3 / 23.4) and, in another series, 20.5 / 20.5
+/// against 17.4 / 16.5 (20.8 / 20.6); 8 ranks 8 KiB 22.8 / 22.6 against 26.4 / 25.1, 16 KiB 29.5
+/// / 29.3 against 29.1 / 30.8, 32 KiB 55.6 / 58.1 against 38.1 / 38.3 (37.5 / 36.1); but 3 ranks
+/// 24 KiB 12.2 / 10.2 against 13.3 / 12.9 and 32 KiB 13.7 / 12.6 against 15.5 / 15.3 (13.9 /
+/// 13.2).
+const SMALL_REDUCE_MANY: usize = 16 << 10;
 /// Yields before sleeping, on a node with more ranks than CPUs, while a staged (chunked)
 /// broadcast waits: the waiters have nothing to do until the root's or the peers' chunk copies
 /// finish, tens of microseconds, and a process that yields keeps its fair share of the CPU
@@ -502,7 +513,14 @@ impl ShmFabric {
             && !single
             && match mode {
                 NodeMode::AllReduceSmall => true,
-                NodeMode::Reduce { .. } => bytes <= SMALL_REDUCE && contiguous,
+                NodeMode::Reduce { .. } => {
+                    let most = if self.local_size() >= 4 {
+                        SMALL_REDUCE_MANY
+                    } else {
+                        SMALL_REDUCE
+                    };
+                    bytes <= most && contiguous
+                }
                 NodeMode::Broadcast { .. } => bytes <= SMALL_BROADCAST,
                 NodeMode::AllGather => largest <= SMALL_EXCHANGE,
                 NodeMode::AllToAll | NodeMode::ReduceScatter => {
