@@ -17,8 +17,10 @@
 //! When n is a power of two, `+` and `-` become XOR (slot i = d XOR s, partner v XOR 2^k): each
 //! round is then a swap between two ranks, as in recursive doubling, rather than a shift around
 //! the ranks. Measured on 4 emulated hosts × 1 rank, 64 B a rank: 19–23 µs a call against the
-//! shift's 23–26 (each rank's send and receive meet one peer, who is waiting for the same swap). Blocks are packed into and unpacked from the `Scratch`
-//! buffer (n blocks at most); a round that moves one block sends from and receives into place.
+//! shift's 23–26 (each rank's send and receive meet one peer, who is waiting for the same swap).
+//!
+//! Blocks are packed into and unpacked from the `Scratch` buffer (n blocks at most); a round that
+//! moves one block sends from and receives into place.
 //!
 //! Each rank sends ceil(log2 n) messages of at most n/2 blocks instead of pairwise's n - 1 of
 //! one block: fewer, larger messages, and about (log2 n)/2 times the bytes. The cost model
@@ -57,8 +59,9 @@ pub(crate) fn all_to_all_in(ctx: &Ctx, count: usize) -> Result<Plan, PlanError> 
         };
         let mut d = 1;
         while d < n {
-            let to = ctx.order[if xor { v ^ d } else { (v + d) % n }];
-            let from = ctx.order[if xor { v ^ d } else { (v + n - d) % n }];
+            // slot d's first hop goes to its destination; slot d arrives from its keeper's source
+            let to = ctx.order[dest(d) % n];
+            let from = ctx.order[keep(d) % n];
             let slots: Vec<usize> = (1..n).filter(|i| i & d != 0).collect();
             let m = slots.len();
             if m == 1 {

@@ -98,11 +98,17 @@ impl<'a> Sim<'a> {
         b[reg.offset..reg.end()].to_vec()
     }
 
-    /// The writable elements of `reg` (validation keeps `Input` regions out of here).
-    fn write(&mut self, r: usize, reg: &Region) -> &mut [Val] {
+    /// The writable elements of rank `r`'s `reg` among `work` and `scratch` (validation keeps
+    /// `Input` regions out of here); fields, not `self`, so a caller can combine into them.
+    fn write<'b>(
+        work: &'b mut [Vec<Val>],
+        scratch: &'b mut [Vec<Val>],
+        r: usize,
+        reg: &Region,
+    ) -> &'b mut [Val] {
         let b = match reg.buf {
-            Buf::Scratch => &mut self.scratch[r],
-            Buf::Work | Buf::Input => &mut self.work[r],
+            Buf::Scratch => &mut scratch[r],
+            Buf::Work | Buf::Input => &mut work[r],
         };
         &mut b[reg.offset..reg.end()]
     }
@@ -146,7 +152,7 @@ impl<'a> Sim<'a> {
         match step {
             Step::Copy { src, dst } => {
                 let vals = self.read(r, src);
-                self.write(r, dst).copy_from_slice(&vals);
+                Self::write(&mut self.work, &mut self.scratch, r, dst).copy_from_slice(&vals);
                 self.pc[r] += 1;
                 Ok(true)
             }
@@ -187,16 +193,14 @@ impl<'a> Sim<'a> {
                             }
                             *self.consumed.entry(key).or_insert(0) += 1;
                             if *reduce {
-                                let b = match x.region.buf {
-                                    Buf::Scratch => &mut self.scratch[r],
-                                    Buf::Work | Buf::Input => &mut self.work[r],
-                                };
-                                let dst = &mut b[x.region.offset..x.region.end()];
+                                let dst =
+                                    Self::write(&mut self.work, &mut self.scratch, r, &x.region);
                                 for (d, v) in dst.iter_mut().zip(msg.vals) {
                                     *d = self.ex.op(*d, v);
                                 }
                             } else {
-                                self.write(r, &x.region).copy_from_slice(&msg.vals);
+                                Self::write(&mut self.work, &mut self.scratch, r, &x.region)
+                                    .copy_from_slice(&msg.vals);
                             }
                             self.st[r].recv_done = true;
                             changed = true;

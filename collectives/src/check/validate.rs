@@ -142,14 +142,14 @@ pub(super) fn validate(
                         ));
                     }
                 }
+                if let Some(x) = slices.iter().find(|x| x.buf != Buf::Work) {
+                    return Err(bad(
+                        r,
+                        i,
+                        format!("in-node step on {x}: only the work buffer is shared"),
+                    ));
+                }
                 if let Step::NodeBroadcast { region, .. } = s {
-                    if region.buf != Buf::Work {
-                        return Err(bad(
-                            r,
-                            i,
-                            format!("in-node step on {region}: only the work buffer is shared"),
-                        ));
-                    }
                     in_bounds(i, region, true)?;
                     continue;
                 }
@@ -171,13 +171,6 @@ pub(super) fn validate(
                     }
                 }
                 for (j, sl) in slices.iter().enumerate() {
-                    if sl.buf != Buf::Work {
-                        return Err(bad(
-                            r,
-                            i,
-                            format!("in-node step on {sl}: only the work buffer is shared"),
-                        ));
-                    }
                     in_bounds(i, sl, true)?;
                     if let Some(o) = slices[..j].iter().find(|o| overlap(o, sl)) {
                         return Err(bad(r, i, format!("node slices {o} and {sl} overlap")));
