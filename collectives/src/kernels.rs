@@ -216,13 +216,22 @@ pub unsafe fn reduce_many_dual(
     // (every dtype's alignment equals its size)
     let al = |p: *const u8| (p as usize).is_multiple_of(esz);
     let d = dst as *const u8;
-    let fused = al(d)
-        && srcs.iter().all(|&s| al(s))
-        && !srcs.iter().any(|&s| s < d.add(bytes) && d < s.add(bytes));
+    let overlaps = |s: *const u8| s < d.add(bytes) && d < s.add(bytes);
+    let aligned_all = al(d) && srcs.iter().all(|&s| al(s));
+    let fused = aligned_all && !srcs.iter().any(|&s| overlaps(s));
+    // `dst` is the first source exactly and overlaps no other: combine the others into it where
+    // it is (the same order, so the same bits), not through the accumulator's two copies
+    let in_place =
+        aligned_all && std::ptr::eq(srcs[0], d) && !srcs[1..].iter().any(|&s| overlaps(s));
     let mut off = 0;
     while off < bytes {
         let k = (bytes - off).min(BLOCK_BYTES);
-        if fused {
+        if in_place {
+            for s in &srcs[1..] {
+                reduce_into_raw(dtype, op, dst.add(off), s.add(off), k);
+            }
+            put2(off, dst.add(off), k);
+        } else if fused {
             // aligned and `dst` overlaps no source: combine two operands per pass, the first
             // and last straight from and to memory (same order as below, so the same bits)
             let last = srcs.len() - 1;
@@ -413,12 +422,20 @@ mod tests {
                         let mut got = vec![0u8; bytes];
                         unsafe { reduce_many_raw(dtype, op, got.as_mut_ptr(), &ptrs, bytes) };
                         assert_eq!(got, want, "{dtype:?} {op:?} l={l} n={elems}");
-                        // the same with the destination aliasing source 0 (blocked path)
-                        let mut alias = srcs[0].clone();
-                        let mut ptrs2 = ptrs.clone();
-                        ptrs2[0] = alias.as_ptr();
-                        unsafe { reduce_many_raw(dtype, op, alias.as_mut_ptr(), &ptrs2, bytes) };
-                        assert_eq!(alias, want, "aliased: {dtype:?} {op:?} l={l} n={elems}");
+                        // the same with the destination aliasing source 0 (combined where it
+                        // is) and the last source (through the accumulator)
+                        for at in [0, l - 1] {
+                            let mut alias = srcs[at].clone();
+                            let mut ptrs2 = ptrs.clone();
+                            ptrs2[at] = alias.as_ptr();
+                            unsafe {
+                                reduce_many_raw(dtype, op, alias.as_mut_ptr(), &ptrs2, bytes)
+                            };
+                            assert_eq!(
+                                alias, want,
+                                "aliasing source {at}: {dtype:?} {op:?} l={l} n={elems}"
+                            );
+                        }
                     }
                 }
             }
