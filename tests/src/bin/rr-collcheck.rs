@@ -83,6 +83,26 @@ fn check<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> Option<T>) {
     }
 }
 
+/// An all-reduce of `count` elements with every op, in place and out of place, checked on
+/// every rank.
+fn big_all_reduce<T: Element>(c: &Communicator, count: usize) {
+    let (n, me) = (c.size(), c.rank());
+    let ty = T::DTYPE;
+    for op in ReduceOp::ALL {
+        let input: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
+        let mut buf = input.clone();
+        c.all_reduce(&mut buf, op).unwrap();
+        check(&format!("all_reduce {ty} {op} {count}"), &buf, |i| {
+            Some(expect::<T>(n, i, op))
+        });
+        let mut out = vec![T::default(); count];
+        c.all_reduce_into(&input, &mut out, op).unwrap();
+        check(&format!("all_reduce_into {ty} {op} {count}"), &out, |i| {
+            Some(expect::<T>(n, i, op))
+        });
+    }
+}
+
 fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
     let (n, me) = (c.size(), c.rank());
     let ty = T::DTYPE;
@@ -298,6 +318,13 @@ fn main() {
             check("large all_reduce_into", &out, |i| {
                 Some(expect::<f32>(n, i, ReduceOp::Sum))
             });
+            // all-reduces of more than 2 MiB, every op, in place and out of place, with counts
+            // that split unevenly between ranks: on two ranks whose kernel copies fast each
+            // reads its peer's half and writes the result into it (the single-copy all-reduce)
+            big_all_reduce::<f32>(&c, (2 << 20) / 4 + 13);
+            big_all_reduce::<f16>(&c, (2 << 20) / 2 + 7);
+            big_all_reduce::<i8>(&c, (2 << 20) + 3);
+            big_all_reduce::<f64>(&c, (2 << 20) / 8 + 5);
             // a large reduce, out of place and in place: many chunks through the slots, the
             // reduced pieces written into the root's result by the others
             let root = n - 1;

@@ -192,6 +192,20 @@ const REDUCE_WRITE_MIN: usize = 256 << 10;
 /// that stays in the reducing rank's cache (256 KiB with the root reducing all of it: 16, 32,
 /// 64, 128 KiB and whole measured 21.4, 19.3, 17.8, 16.3 and 16.5 µs out of place).
 const SINGLE_COPY_REDUCE_PIECE: usize = 128 << 10;
+/// An all-reduce on two ranks whose kernel copies fast ([`Node::large_single`]) of at least this
+/// many bytes runs as the single-copy reduce with no root ([`ShmFabric::single_copy_reduce`]):
+/// each rank reads its peer's half, reduces it into its result and writes it into its peer's —
+/// where the one-round small all-reduce has every rank reduce the whole call, and the pipelined
+/// one copies every byte into a slot and every reduced piece out of one. railperf all-reduce
+/// -z 1, 2 ranks, medians of 6 (4 from 256 KiB) interleaved launches, µs out of place / in
+/// place, one round (to 32 KiB) or pipelined against read directly (Open MPI 4.1): 8 KiB 2.5 /
+/// 2.6 against 2.9 / 2.8, 10 KiB 3.1 / 3.2 against 3.1 / 2.6, 12 KiB 3.5 / 3.6 against 2.9 /
+/// 2.8, 16 KiB 4.5 / 4.4 against 3.1 / 3.1 (9.0 / 9.5), 32 KiB 8.3 / 8.2 against 4.6 / 3.7
+/// (12.1 / 13.7), 64 KiB 8.5 / 8.2 against 6.2 / 6.6 (18.6 / 21.5), 256 KiB 30.4 / 29.0
+/// against 18.1 / 20.6 (46.9 / 46.6), 1 MiB 159 / 120 against 95 / 79 (214 / 178), 2 MiB 327 /
+/// 298 against 233 / 178 (426 / 277), 16 MiB 2764 / 2240 against 1853 / 1581 (3390 / 2229),
+/// 32 MiB 5319 / 4518 against 4452 / 3240 (12440 / 8725).
+const SINGLE_COPY_ALLREDUCE_MIN: usize = 12 << 10;
 /// Where a single-copy call publishes, in its header line, the address of its input, of its
 /// result (a broadcast's or a reduce's), and how many bytes at the block's start a broadcast's root writes
 /// into its peer's result ([`ShmFabric::single_copy_broadcast`]).
@@ -499,7 +513,9 @@ impl ShmFabric {
         // a reduce's blocks must lie end to end (single copy and the one-round small reduce)
         let contiguous = slices.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0);
         let single = match mode {
-            NodeMode::Reduce { .. } => contiguous && self.single_copy_sizes(mode).contains(&bytes),
+            NodeMode::Reduce { .. } | NodeMode::AllReduce | NodeMode::AllReduceSmall => {
+                contiguous && self.single_copy_sizes(mode).contains(&bytes)
+            }
             // (the size first: small calls skip reading the node's flags)
             NodeMode::AllToAll
                 if largest >= SINGLE_COPY_ALLTOALL_MAX
@@ -789,7 +805,15 @@ impl ShmFabric {
         // root how much of the peer's it writes
         let line = self.node.line(me, g);
         let push = mode == NodeMode::AllGather && largest >= PUSH_ALL_GATHER_MIN;
-        if push || matches!(mode, NodeMode::Broadcast { .. } | NodeMode::Reduce { .. }) {
+        if push
+            || matches!(
+                mode,
+                NodeMode::Broadcast { .. }
+                    | NodeMode::Reduce { .. }
+                    | NodeMode::AllReduce
+                    | NodeMode::AllReduceSmall
+            )
+        {
             (*(line.add(LINE_RESULT) as *const AtomicU64)).store(work as u64, Ordering::Relaxed);
         }
         if let NodeMode::Broadcast { root } = mode {
@@ -819,7 +843,10 @@ impl ShmFabric {
             return self.single_copy_broadcast(g, root, input, work, slices[0], desc, describe);
         }
         if let NodeMode::Reduce { root } = mode {
-            return self.single_copy_reduce(g, root, call, input, work);
+            return self.single_copy_reduce(g, Some(root), call, input, work);
+        }
+        if matches!(mode, NodeMode::AllReduce | NodeMode::AllReduceSmall) {
+            return self.single_copy_reduce(g, None, call, input, work);
         }
         // Out of place, this rank's own block is copied while the peers publish theirs: peers
         // read the input, never `work`, so the copy needs no one.
@@ -1048,10 +1075,15 @@ impl ShmFabric {
     /// byte is copied once by the kernel (plus the write-back of the other rank's part), where
     /// the staged reduce copies every half into a slot and the root's half back out, and Open
     /// MPI's root reads and reduces the whole block alone (see [`SINGLE_COPY_REDUCE_MIN`]).
+    ///
+    /// With no root it is the all-reduce (see [`SINGLE_COPY_ALLREDUCE_MIN`]): each rank
+    /// reduces its own slice so, into its result, and writes it into its peer's. In place a
+    /// rank's slice of its peer's buffer is read only by this rank, piece by piece, before this
+    /// rank writes that piece's result there.
     unsafe fn single_copy_reduce(
         &mut self,
         g: u64,
-        root: usize,
+        root: Option<usize>,
         call: &NodeOp<'_>,
         input: *const u8,
         work: *mut u8,
@@ -1065,39 +1097,64 @@ impl ShmFabric {
             ..
         } = call;
         let me = self.node.me;
-        if root >= 2 {
-            return Err(Error::Plan(format!("in-node root {root} of 2 local ranks")));
+        if root.is_some_and(|r| r >= 2) || root.is_none() && slices.len() != 2 {
+            return Err(Error::Plan(format!(
+                "in-node single-copy reduction on 2 local ranks with root {root:?} and {} slices",
+                slices.len()
+            )));
         }
         let peer = 1 - me;
         let base = slices.first().map_or(0, |s| s.0);
         let bytes: usize = slices.iter().map(|s| s.1).sum();
         let esz = dtype.size();
-        // the root reduces the first `split` bytes, its peer the rest (which it also writes
-        // back: the root takes more of a call under SINGLE_COPY_REDUCE_EVEN)
-        let eighths = if bytes < SINGLE_COPY_REDUCE_EVEN {
-            5
-        } else {
-            4
+        // this rank's part, [from, to) past `base`: a reduce's root reduces the first `split`
+        // bytes, its peer the rest (which it also writes back: the root takes more of a call
+        // under SINGLE_COPY_REDUCE_EVEN); an all-reduce's ranks their own slices
+        let (from, to) = match root {
+            Some(root) => {
+                let eighths = if bytes < SINGLE_COPY_REDUCE_EVEN {
+                    5
+                } else {
+                    4
+                };
+                let split = (bytes / 8 * eighths) / esz * esz;
+                if me == root {
+                    (0, split)
+                } else {
+                    (split, bytes)
+                }
+            }
+            None => {
+                let (o, n) = slices[me];
+                (o - base, o - base + n)
+            }
         };
-        let split = (bytes / 8 * eighths) / esz * esz;
-        let (from, to) = if me == root {
-            (0, split)
-        } else {
-            (split, bytes)
+        // whether this rank keeps its part's result, and whether it writes it into its peer's
+        let keeps = root.is_none_or(|r| r == me);
+        let writes = root.is_none_or(|r| r != me);
+        let (waiting, finishing) = match root {
+            Some(r) if r != me => (
+                "reduce (waiting for the root)",
+                "reduce (waiting for the root to finish with this rank's buffers)",
+            ),
+            Some(_) => (
+                "reduce (waiting for the peer)",
+                "reduce (waiting for the peer to finish with this rank's buffers)",
+            ),
+            None => (
+                "all-reduce (waiting for the peer)",
+                "all-reduce (waiting for the peer to finish with this rank's buffers)",
+            ),
         };
-        let who = if me == root { "peer" } else { "root" };
-        self.wait_buffer(
-            &format!("reduce (waiting for the {who})"),
-            peer,
-            g,
-            desc,
-            describe,
-        )?;
+        self.wait_buffer(waiting, peer, g, desc, describe)?;
         let piece = SINGLE_COPY_REDUCE_PIECE - SINGLE_COPY_REDUCE_PIECE % esz;
         // the bounce is written by the kernel before it is read (as the all-to-all's)
         let mut bounce = std::mem::take(&mut self.scratch);
         bounce.clear();
         bounce.reserve(piece.min(to - from));
+        // reduced into the result where it is: unless this rank's input comes second there and
+        // is its result (in place), which the reduction would combine through its accumulator
+        let into_result = keeps && (me < peer || !std::ptr::eq(input, work));
         let mut off = from;
         let mut result = Ok(());
         while off < to && result.is_ok() {
@@ -1108,32 +1165,35 @@ impl ShmFabric {
                 break;
             }
             let mine = input.add(base + off);
+            let dst = work.add(base + off);
             // local rank order, as every other path combines
             let srcs = if me < peer {
                 [mine, b]
             } else {
                 [b as *const u8, mine]
             };
-            if me == root {
-                kernels::reduce_many_raw(dtype, op, work.add(base + off), &srcs, k);
+            // the piece's result: in this rank's result, or in the bounce
+            let done = if into_result {
+                kernels::reduce_many_raw(dtype, op, dst, &srcs, k);
+                dst
             } else {
-                // reduced in the bounce, then written into the root's result
                 kernels::reduce_many_raw(dtype, op, b, &srcs, k);
-                result = self.peer_copy(peer, g, LINE_RESULT, b, base + off, k, true);
+                if keeps {
+                    std::ptr::copy_nonoverlapping(b, dst, k);
+                }
+                b
+            };
+            if writes {
+                result = self.peer_copy(peer, g, LINE_RESULT, done, base + off, k, true);
             }
             off += k;
         }
         self.scratch = bounce;
         result?;
-        // `reduced`: this rank has read its peer's input (and, off the root, written its part)
+        // `reduced`: this rank has read its peer's input (and written its part, if it does)
         self.node.reduced(me).store(g, Ordering::SeqCst);
         self.node.ring_bell();
-        self.wait_peer(
-            "reduce (waiting for the peer to finish with this rank's buffers)",
-            peer,
-            g,
-            self.node.reduced(peer),
-        )
+        self.wait_peer(finishing, peer, g, self.node.reduced(peer))
     }
 
     /// The single-copy all-to-all of generation `g` (this rank's input address is published)
@@ -1854,6 +1914,9 @@ impl ShmFabric {
             }
             NodeMode::Broadcast { .. } => TREE_BROADCAST_MIN..TREE_BROADCAST_MAX_MANY + 1,
             NodeMode::Reduce { .. } if fast => SINGLE_COPY_REDUCE_MIN..usize::MAX,
+            NodeMode::AllReduce | NodeMode::AllReduceSmall if fast => {
+                SINGLE_COPY_ALLREDUCE_MIN..usize::MAX
+            }
             _ => 0..0,
         }
     }
