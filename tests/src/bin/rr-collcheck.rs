@@ -86,21 +86,28 @@ fn check<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> Option<T>) {
 /// An all-reduce of `count` elements with every op, in place and out of place, checked on
 /// every rank.
 fn big_all_reduce<T: Element>(c: &Communicator, count: usize) {
+    for op in ReduceOp::ALL {
+        all_reduces::<T>(c, count, op);
+    }
+}
+
+/// An all-reduce of `count` elements with `op`, in place and out of place, checked on every
+/// rank; returns this rank's input.
+fn all_reduces<T: Element>(c: &Communicator, count: usize, op: ReduceOp) -> Vec<T> {
     let (n, me) = (c.size(), c.rank());
     let ty = T::DTYPE;
-    for op in ReduceOp::ALL {
-        let input: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
-        let mut buf = input.clone();
-        c.all_reduce(&mut buf, op).unwrap();
-        check(&format!("all_reduce {ty} {op} {count}"), &buf, |i| {
-            Some(expect::<T>(n, i, op))
-        });
-        let mut out = vec![T::default(); count];
-        c.all_reduce_into(&input, &mut out, op).unwrap();
-        check(&format!("all_reduce_into {ty} {op} {count}"), &out, |i| {
-            Some(expect::<T>(n, i, op))
-        });
-    }
+    let input: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
+    let mut buf = input.clone();
+    c.all_reduce(&mut buf, op).unwrap();
+    check(&format!("all_reduce {ty} {op} {count}"), &buf, |i| {
+        Some(expect::<T>(n, i, op))
+    });
+    let mut out = vec![T::default(); count];
+    c.all_reduce_into(&input, &mut out, op).unwrap();
+    check(&format!("all_reduce_into {ty} {op} {count}"), &out, |i| {
+        Some(expect::<T>(n, i, op))
+    });
+    input
 }
 
 fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
@@ -108,17 +115,7 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
     let ty = T::DTYPE;
     for &count in sizes {
         for op in ReduceOp::ALL {
-            let input: Vec<T> = (0..count).map(|i| T::from_i64(val(me, i, op))).collect();
-            let mut buf = input.clone();
-            c.all_reduce(&mut buf, op).unwrap();
-            check(&format!("all_reduce {ty} {op} {count}"), &buf, |i| {
-                Some(expect::<T>(n, i, op))
-            });
-            let mut out = vec![T::default(); count];
-            c.all_reduce_into(&input, &mut out, op).unwrap();
-            check(&format!("all_reduce_into {ty} {op} {count}"), &out, |i| {
-                Some(expect::<T>(n, i, op))
-            });
+            let input = all_reduces::<T>(c, count, op);
             // reduce-scatter: count per block
             let rs_in: Vec<T> = (0..count * n)
                 .map(|i| T::from_i64(val(me, i, op)))
