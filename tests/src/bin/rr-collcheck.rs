@@ -315,13 +315,14 @@ fn main() {
             check("large all_reduce_into", &out, |i| {
                 Some(expect::<f32>(n, i, ReduceOp::Sum))
             });
-            // all-reduces of more than 2 MiB, every op, in place and out of place, with counts
-            // that split unevenly between ranks: on two ranks whose kernel copies fast each
-            // reads its peer's half and writes the result into it (the single-copy all-reduce)
-            big_all_reduce::<f32>(&c, (2 << 20) / 4 + 13);
-            big_all_reduce::<f16>(&c, (2 << 20) / 2 + 7);
-            big_all_reduce::<i8>(&c, (2 << 20) + 3);
-            big_all_reduce::<f64>(&c, (2 << 20) / 8 + 5);
+            // all-reduces from 12 KiB, every op, in place and out of place, with counts that
+            // split unevenly between ranks and halves of several 128 KiB pieces: on two ranks
+            // whose kernel copies fast each reads its peer's half and writes the result into
+            // it (the single-copy all-reduce)
+            big_all_reduce::<f32>(&c, 300_007);
+            big_all_reduce::<f16>(&c, 20_001);
+            big_all_reduce::<i8>(&c, 50_003);
+            big_all_reduce::<f64>(&c, 40_009);
             // a large reduce, out of place and in place: many chunks through the slots, the
             // reduced pieces written into the root's result by the others
             let root = n - 1;
