@@ -18,7 +18,9 @@ pub enum NodeMode {
     AllGather,
     /// Reduce-scatter and all-gather fused (an in-node all-reduce), pipelined per chunk.
     AllReduce,
-    /// Small all-reduce: every rank reduces the whole (small) buffer itself; one flag round.
+    /// Small all-reduce: every rank reduces the whole (small) buffer itself; one flag round. A
+    /// fabric may run it another way (the shared-memory fabric's two ranks whose kernel copies
+    /// fast: each reduces its peer's half, as [`NodeMode::AllReduce`]).
     AllReduceSmall,
     /// Reduce to local index `root` (the node is the whole communicator): the root's buffer
     /// receives the reduction; the others only hand their data over (their buffers are

@@ -207,7 +207,7 @@ const SINGLE_COPY_REDUCE_PIECE: usize = 128 << 10;
 /// 32 MiB 5319 / 4518 against 4452 / 3240 (12440 / 8725).
 const SINGLE_COPY_ALLREDUCE_MIN: usize = 12 << 10;
 /// Where a single-copy call publishes, in its header line, the address of its input, of its
-/// result (a broadcast's or a reduce's), and how many bytes at the block's start a broadcast's root writes
+/// result (a broadcast's, a reduce's or an all-reduce's), and how many bytes at the block's start a broadcast's root writes
 /// into its peer's result ([`ShmFabric::single_copy_broadcast`]).
 const LINE_INPUT: usize = 16;
 const LINE_RESULT: usize = 24;
