@@ -219,7 +219,11 @@ const SMALL_BROADCAST: usize = 32 << 10;
 /// in one round beside the header lines ([`ShmFabric::small_exchange`]).
 const SMALL_EXCHANGE: usize = SMALL_BOX;
 /// A reduce of at most this many bytes goes in one round: the others write and return, the
-/// root reduces (on 4 local ranks or more: [`SMALL_REDUCE_MANY`]).
+/// root reduces their copies with its own input, which it does not copy (on 4 local ranks or
+/// more: [`SMALL_REDUCE_MANY`]). Copying it too, as the small all-reduce's ranks do, cost 4
+/// ranks on 2 CPUs 5-10 % (railperf reduce -n 1000 -z 1, medians of 6 interleaved launches,
+/// µs out of place, with the copy against without: 4 KiB 2.7 against 2.4, 8 KiB 8.4 / 7.9,
+/// 16 KiB 13.2 / 12.5; Open MPI 11.4, 12.7, 15.8); 2 ranks measured the same either way.
 const SMALL_REDUCE: usize = 32 << 10;
 /// ...on 4 local ranks or more, up to this many: above it the root's reduction of every rank's
 /// copy, alone, costs more than the pipelined reduce, whose ranks each reduce a piece.
@@ -1583,8 +1587,9 @@ impl ShmFabric {
         }
         self.gen += 1;
         let g = self.gen;
-        // (the slot is free: see slot_free)
-        if reduce || me == root {
+        // (the slot is free: see slot_free). Only the root's peers read what it writes: a
+        // reduce's root reduces from its own input (SMALL_REDUCE).
+        if reduce != (me == root) {
             std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
         }
         let digest = self.publish_desc(g, desc, true);
@@ -1602,7 +1607,7 @@ impl ShmFabric {
             }
             self.wait_flags("reduce (waiting for peers' data)", g, hdr, true)?;
             self.check_digests(g, desc, digest, describe)?;
-            self.reduce_small_data(g, bytes, 0, bytes, dtype, op, work);
+            self.reduce_small_data(g, bytes, 0, bytes, dtype, op, work, Some(src));
             return Ok(());
         }
         if me == root {
@@ -1681,7 +1686,7 @@ impl ShmFabric {
         }
         self.wait_flags("all-reduce (waiting for peers' data)", g, hdr, true)?;
         self.check_digests(g, desc, digest, describe)?;
-        self.reduce_small_data(g, bytes, 0, bytes, dtype, op, work);
+        self.reduce_small_data(g, bytes, 0, bytes, dtype, op, work, None);
         Ok(())
     }
 
@@ -1757,17 +1762,18 @@ impl ShmFabric {
                 }
             }
             // reduce-scatter: this rank's piece of every rank's input
-            _ => self.reduce_small_data(g, bytes, o - base, n, dtype, op, work.add(o)),
+            _ => self.reduce_small_data(g, bytes, o - base, n, dtype, op, work.add(o), None),
         }
         Ok(())
     }
 
     /// Reduce `n` bytes at offset `off` of every local rank's small data of generation `g` (each
     /// `bytes` long) into `dst`, in local-rank order (so every rank that does it gets identical
-    /// results).
+    /// results); this rank's from `own` (its input, not copied: a reduce's root) where given.
     ///
     /// # Safety
-    /// Every rank's data of `g` is published; `dst` valid for `n` bytes of writes.
+    /// Every rank's data of `g` is published; `dst` valid for `n` bytes of writes, `own` for
+    /// `bytes` of reads (it may be `dst`: the kernels read every source before they write).
     #[allow(clippy::too_many_arguments)]
     unsafe fn reduce_small_data(
         &self,
@@ -1778,9 +1784,14 @@ impl ShmFabric {
         dtype: railring_collectives::DataType,
         op: railring_collectives::ReduceOp,
         dst: *mut u8,
+        own: Option<*const u8>,
     ) {
         let l = self.local_size();
-        let piece = |j: usize| self.small_data(j, g, bytes).add(off) as *const u8;
+        let me = self.node.me;
+        let piece = |j: usize| match own {
+            Some(p) if j == me => p.add(off),
+            _ => self.small_data(j, g, bytes).add(off) as *const u8,
+        };
         let mut fixed = [std::ptr::null::<u8>(); 64];
         let heap: Vec<*const u8>;
         let srcs: &[*const u8] = if l <= fixed.len() {
