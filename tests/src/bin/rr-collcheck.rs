@@ -110,6 +110,36 @@ fn all_reduces<T: Element>(c: &Communicator, count: usize, op: ReduceOp) -> Vec<
     input
 }
 
+/// All-gathers of `count` elements a rank: out of place, in place, and out of place on even
+/// ranks only, checked element by element on every rank.
+fn all_gathers<T: Element>(c: &Communicator, count: usize) {
+    let (n, me) = (c.size(), c.rank());
+    let ty = T::DTYPE;
+    let op = ReduceOp::Sum;
+    let mine: Vec<T> = (0..count)
+        .map(|i| T::from_i64(val(me, me * count + i, op)))
+        .collect();
+    let mut all = vec![T::default(); count * n];
+    c.all_gather(&mine, &mut all).unwrap();
+    check(&format!("all_gather {ty} {count}"), &all, |i| {
+        Some(T::from_i64(val(i / count, i, op)))
+    });
+    // in place, then made in place by odd ranks and out of place by even ones
+    for mixed in [false, true] {
+        let mut buf = vec![T::default(); count * n];
+        buf[me * count..(me + 1) * count].copy_from_slice(&mine);
+        if mixed && me % 2 == 0 {
+            c.all_gather(&mine, &mut buf).unwrap();
+        } else {
+            c.all_gather_in_place(&mut buf).unwrap();
+        }
+        let what = if mixed { "mixed" } else { "in_place" };
+        check(&format!("all_gather {what} {ty} {count}"), &buf, |i| {
+            Some(T::from_i64(val(i / count, i, op)))
+        });
+    }
+}
+
 fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
     let (n, me) = (c.size(), c.rank());
     let ty = T::DTYPE;
@@ -152,29 +182,7 @@ fn suite<T: Element>(c: &Communicator, sizes: &[usize]) {
             }
         }
         let op = ReduceOp::Sum;
-        // all-gather
-        let mine: Vec<T> = (0..count)
-            .map(|i| T::from_i64(val(me, me * count + i, op)))
-            .collect();
-        let mut all = vec![T::default(); count * n];
-        c.all_gather(&mine, &mut all).unwrap();
-        check(&format!("all_gather {ty} {count}"), &all, |i| {
-            Some(T::from_i64(val(i / count, i, op)))
-        });
-        // in place, then made in place by odd ranks and out of place by even ones
-        for mixed in [false, true] {
-            let mut buf = vec![T::default(); count * n];
-            buf[me * count..(me + 1) * count].copy_from_slice(&mine);
-            if mixed && me % 2 == 0 {
-                c.all_gather(&mine, &mut buf).unwrap();
-            } else {
-                c.all_gather_in_place(&mut buf).unwrap();
-            }
-            let what = if mixed { "mixed" } else { "in_place" };
-            check(&format!("all_gather {what} {ty} {count}"), &buf, |i| {
-                Some(T::from_i64(val(i / count, i, op)))
-            });
-        }
+        all_gathers::<T>(c, count);
         // broadcast from every root
         for root in 0..n {
             let mut b: Vec<T> = if me == root {
@@ -323,6 +331,10 @@ fn main() {
             big_all_reduce::<f16>(&c, 20_001);
             big_all_reduce::<i8>(&c, 50_003);
             big_all_reduce::<f64>(&c, 40_009);
+            // all-gather blocks of a 1 MiB piece and an odd tail: on two ranks whose
+            // kernel copies fast each copies its block and writes it into its peer's result
+            // a piece at a time
+            all_gathers::<f32>(&c, 300_001);
             // a large reduce, out of place and in place: many chunks through the slots, the
             // reduced pieces written into the root's result by the others
             let root = n - 1;
