@@ -331,9 +331,8 @@ fn main() {
             big_all_reduce::<f16>(&c, 20_001);
             big_all_reduce::<i8>(&c, 50_003);
             big_all_reduce::<f64>(&c, 40_009);
-            // all-gather blocks of a 1 MiB piece and an odd tail: on two ranks whose
-            // kernel copies fast each copies its block and writes it into its peer's result
-            // a piece at a time
+            // all-gather blocks of 1.2 MB with an odd count: on two ranks whose kernel copies
+            // fast each writes its block into its peer's result (process_vm_writev)
             all_gathers::<f32>(&c, 300_001);
             // a large reduce, out of place and in place: many chunks through the slots, the
             // reduced pieces written into the root's result by the others

@@ -1587,9 +1587,10 @@ impl ShmFabric {
         }
         self.gen += 1;
         let g = self.gen;
-        // (the slot is free: see slot_free). Only the root's peers read what it writes: a
-        // reduce's root reduces from its own input (SMALL_REDUCE).
-        if reduce != (me == root) {
+        // (the slot is free: see slot_free). Only what a peer reads is written: a broadcast's
+        // root's data, a reduce's others' (its root reduces from its own input: SMALL_REDUCE).
+        let writes = reduce != (me == root);
+        if writes {
             std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
         }
         let digest = self.publish_desc(g, desc, true);
@@ -1597,7 +1598,7 @@ impl ShmFabric {
         self.hand_over(
             g,
             bytes,
-            if reduce { me != root } else { me == root },
+            writes,
             !reduce || (me != root && !self.oversubscribed),
         );
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.line(j, g) as *const AtomicU64) };
@@ -1838,8 +1839,9 @@ impl ShmFabric {
 
     /// After publishing generation `g`'s header line and `bytes` of data beside it (a small
     /// call of at most [`HAND_OVER_BOX`] bytes; [`super::hint`]): push the line, when peers read
-    /// it (`read`), and the data's lines in the box towards the shared cache, and take
-    /// ownership of the box's lines of the next generation and (`own_line`) of its header line.
+    /// it (`read`: this rank wrote data for them), and the data's lines in the box towards the
+    /// shared cache, and take ownership of the box's lines of the next generation (where it
+    /// writes data: `read`) and (`own_line`) of its header line.
     ///
     /// 2 ranks, railperf -n 30000 -z 1, 4 interleaved launches, medians µs out of place (Open
     /// MPI): broadcast 8 B 0.10 -> 0.07 (0.08), 64 B 0.11 -> 0.095 (0.165); reduce 512 B 0.175
@@ -1860,11 +1862,11 @@ impl ShmFabric {
         if read {
             self.hints.demote(self.node.line(me, g), 1);
             self.hints.demote(self.node.small_box(me, g), lines);
+            self.hints.own(self.node.small_box(me, g + 1), lines);
         }
         if own_line {
             self.hints.own(self.node.line(me, g + 1), 1);
         }
-        self.hints.own(self.node.small_box(me, g + 1), lines);
     }
 
     /// Compare every peer's digest for generation `g` with ours; on a difference read the peer's
