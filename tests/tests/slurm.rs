@@ -261,6 +261,9 @@ fn srun_direct_launch_two_hosts() {
         "2".into(),
         "--ntasks-per-node=1".into(),
         "--kill-on-bad-exit=1".into(),
+        // Each task's stderr to its own file, written by its node's slurmstepd: srun, ending
+        // the step on the bad exit, may drop output it has not forwarded yet.
+        format!("--error={}/bad.%t.err", slurm.dir().display()),
         "bash".into(),
         "-c".into(),
         format!(
@@ -279,9 +282,19 @@ fn srun_direct_launch_two_hosts() {
         "a rank with another secret must fail the step: {}",
         r.describe()
     );
+    let err = |t: usize| std::fs::read_to_string(slurm.dir().join(format!("bad.{t}.err")));
+    // The rank with the other secret says what is wrong with it; the store's rank names the
+    // rejected connection.
+    let e1 = err(1).unwrap_or_default();
     assert!(
-        r.stderr.contains("secret"),
-        "the failure should name the secret: {}",
+        e1.contains("RAILRING_JOB_SECRET") && e1.contains("not its"),
+        "the rank with another secret should say so: {e1:?}\n{}",
+        r.describe()
+    );
+    let e0 = err(0).unwrap_or_default();
+    assert!(
+        e0.contains("failed to prove the job secret"),
+        "the store's rank should name the rejected connection: {e0:?}\n{}",
         r.describe()
     );
     assert_no_job_processes(c);

@@ -54,6 +54,8 @@ pub enum AuthError {
     BadMagic,
     #[error("peer failed to prove the job secret (wrong or missing RAILRING_JOB_SECRET, or a connection from another job)")]
     BadProof,
+    #[error("peer closed the connection on our proof of the job secret: our RAILRING_JOB_SECRET is most likely not its (every rank of a job needs the same one), or it belongs to another job")]
+    Refused,
     #[error("peer is for purpose '{got}', expected '{want}'")]
     WrongPurpose { got: String, want: String },
     #[error("i/o during handshake: {0}")]
@@ -91,7 +93,14 @@ pub fn client_handshake<S: Read + Write>(
     s.write_all(&msg)?;
     s.flush()?;
     let mut st = [0u8; TAG];
-    s.read_exact(&mut st)?;
+    // A server that does not accept our proof hangs up instead of answering (it never says why
+    // to a stranger): say what that most likely means rather than "failed to fill whole buffer".
+    s.read_exact(&mut st).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::ConnectionAborted => AuthError::Refused,
+        _ => AuthError::Io(e),
+    })?;
     if !ct_eq(&st, &tag(secret, b"server", p, ns, &nc)) {
         return Err(AuthError::BadProof);
     }
@@ -163,7 +172,10 @@ mod tests {
         assert_eq!(s.unwrap(), "store");
         let (c, s) = pair("abc", "abd");
         assert!(matches!(s, Err(AuthError::BadProof)));
-        assert!(c.is_err());
+        // The client with the other secret is told what the hang-up most likely means.
+        let c = c.unwrap_err();
+        assert!(matches!(c, AuthError::Refused), "{c:?}");
+        assert!(c.to_string().contains("RAILRING_JOB_SECRET"), "{c}");
     }
 
     #[test]
