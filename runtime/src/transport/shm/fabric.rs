@@ -78,8 +78,13 @@ pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 /// against 980 / 1271 (963 / 1369), 8 MiB 2274 / 1809 against 1906 / 2660 (1895 / 2335), 12
 /// MiB 3393 / 2662 against 2959 / 3644 (2801 / 3396); 16 MiB (4 MiB blocks) 4625 / 3545
 /// against 4767 / 5239 (4457 / 4838). At 512 KiB (128 KiB blocks, already read directly) both
-/// ways took 70-80 µs.
-pub const CROWDED_ALLTOALL_OOP_MAX: usize = 4 << 20;
+/// ways took 70-80 µs. Those 16 MiB figures came from a slow spell of the VM (stop 47: staged
+/// 5074, read directly 6238, Open MPI 6420); on the quiet host, -n 20-30, medians of 4-6
+/// interleaved launches, out of place µs, staged against read directly (Open MPI): 16 MiB
+/// 3765 against 2883 (2657), 20 MiB 4596 against 4184 (3954), 24 MiB 5712 against 5776
+/// (5421), 28 MiB 6629 against 7229 (6796), 32 MiB 7619 against 8563 (7862) — so blocks up to
+/// just under 6 MiB read directly.
+pub const CROWDED_ALLTOALL_OOP_MAX: usize = 6 << 20;
 /// All-gather and broadcast read the peer's block directly on two ranks, with blocks of at
 /// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`] (a broadcast's: under
 /// [`SINGLE_COPY_BROADCAST_MAX`]; on more ranks see [`TREE_BROADCAST_MIN`]). Otherwise they
