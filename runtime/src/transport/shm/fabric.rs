@@ -78,12 +78,14 @@ pub const SINGLE_COPY_ALLTOALL_MAX: usize = 256 << 10;
 /// against 980 / 1271 (963 / 1369), 8 MiB 2274 / 1809 against 1906 / 2660 (1895 / 2335), 12
 /// MiB 3393 / 2662 against 2959 / 3644 (2801 / 3396); 16 MiB (4 MiB blocks) 4625 / 3545
 /// against 4767 / 5239 (4457 / 4838). At 512 KiB (128 KiB blocks, already read directly) both
-/// ways took 70-80 µs. Those 16 MiB figures came from a slow spell of the VM (stop 47: staged
-/// 5074, read directly 6238, Open MPI 6420); on the quiet host, -n 20-30, medians of 4-6
-/// interleaved launches, out of place µs, staged against read directly (Open MPI): 16 MiB
-/// 3765 against 2883 (2657), 20 MiB 4596 against 4184 (3954), 24 MiB 5712 against 5776
-/// (5421), 28 MiB 6629 against 7229 (6796), 32 MiB 7619 against 8563 (7862) — so blocks up to
-/// just under 6 MiB read directly.
+/// ways took 70-80 µs. 16 MiB out of place has gone both ways since, staged against read
+/// directly (Open MPI): 4981 / 5025 (5435) when this limit was set, 5092 / 5473 (4983) on a
+/// later VM, 5074 / 6238 (6420) in a slow spell of this one, and on it quiet (its kernel copy
+/// 0.62-0.66x two memcpys at start-up), -n 20-30, medians of 4-6 interleaved launches: 16 MiB
+/// 3765 / 2883 (2657), 20 MiB 4596 / 4184 (3954), 24 MiB 5712 / 5776 (5421), 28 MiB 6629 /
+/// 7229 (6796), 32 MiB 7619 / 8563 (7862). Blocks up to just under 6 MiB read directly: where
+/// staging won at 16 MiB it won by 1-23 %, where reading directly won, by 23 %, and staged the
+/// cell sat at 0.77-0.80 of Open MPI where the kernel copy ran 0.62-0.66x (sb52, sb57).
 pub const CROWDED_ALLTOALL_OOP_MAX: usize = 6 << 20;
 /// All-gather and broadcast read the peer's block directly on two ranks, with blocks of at
 /// least this many bytes and under [`SINGLE_COPY_PAIR_MAX`] (a broadcast's: under
