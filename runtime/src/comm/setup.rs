@@ -15,6 +15,7 @@ use crate::transport::tcp::{discover_rails, TcpNet};
 use crate::vars;
 use railring_collectives::plan::Layout;
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 /// Limit on the world description read from the store.
 const MAX_WORLD: usize = 1 << 20;
@@ -407,7 +408,13 @@ impl Communicator {
             store.set(&ready, b"1")?;
             n
         } else {
-            store.get(&ready, cfg.timeout)?;
+            await_rank(
+                store,
+                &ready,
+                (rank, local[0]),
+                cfg.timeout,
+                "shared-memory setup",
+            )?;
             Node::open(&path, geo, local.to_vec(), me, machine::hostname(), false)
                 .map_err(|e| shm_err("opening", e))?
         };
@@ -452,7 +459,13 @@ impl Communicator {
         let wanted = cfg.shm_single_copy != SingleCopy::Off;
         let mut ok = wanted;
         for j in (0..l).filter(|&j| j != me && wanted) {
-            let v = store.get(&format!("{base}/probe/{j}"), cfg.timeout)?;
+            let v = await_rank(
+                store,
+                &format!("{base}/probe/{j}"),
+                (node.ranks[me], node.ranks[j]),
+                cfg.timeout,
+                "shared-memory setup (single-copy probe)",
+            )?;
             let v = String::from_utf8_lossy(&v);
             let mut w = v.split_whitespace();
             let probe = (|| {
@@ -472,9 +485,14 @@ impl Communicator {
         store.set(&format!("{base}/ok/{me}"), &[b'0' + verdict])?;
         let mut least = verdict;
         for j in (0..l).filter(|&j| j != me) {
-            let v = match store
-                .get(&format!("{base}/ok/{j}"), cfg.timeout)?
-                .as_slice()
+            let v = match await_rank(
+                store,
+                &format!("{base}/ok/{j}"),
+                (node.ranks[me], node.ranks[j]),
+                cfg.timeout,
+                "shared-memory setup (single-copy verdict)",
+            )?
+            .as_slice()
             {
                 b"2" => 2,
                 b"1" => 1,
@@ -567,14 +585,26 @@ impl Communicator {
         };
         store.set(&format!("{base}/large/{me}"), &[want])?;
         if me != 0 {
-            let v = store.get(&format!("{base}/large"), cfg.timeout)?;
+            let v = await_rank(
+                store,
+                &format!("{base}/large"),
+                (node.ranks[me], node.ranks[0]),
+                cfg.timeout,
+                "shared-memory setup (large-copy decision)",
+            )?;
             let v = String::from_utf8_lossy(&v);
             let (on, why) = v.split_once(' ').unwrap_or(("0", "no decision"));
             return Ok(Some((on == "1", why.to_string())));
         }
         let mut least = want;
         for j in 1..l {
-            let v = store.get(&format!("{base}/large/{j}"), cfg.timeout)?;
+            let v = await_rank(
+                store,
+                &format!("{base}/large/{j}"),
+                (node.ranks[me], node.ranks[j]),
+                cfg.timeout,
+                "shared-memory setup (large-copy wish)",
+            )?;
             least = least.min(*v.first().unwrap_or(&b'0'));
         }
         let (on, why) = match least {
@@ -650,6 +680,53 @@ impl Communicator {
     }
 }
 
+/// Read the store key that rank `peer` of this communicator publishes, as rank `me`
+/// (`(me, peer)`); see [`stalled_on`].
+fn await_rank(
+    store: &StoreClient,
+    key: &str,
+    (me, peer): (usize, usize),
+    timeout: Duration,
+    what: &str,
+) -> Result<Vec<u8>> {
+    let key = [key.to_string()];
+    store
+        .get(&key[0], timeout)
+        .map_err(|e| stalled_on(e, (store, &key, peer), (me, timeout), what))
+}
+
+/// A store wait of rank `me` for `keys` (key i published by rank i of this communicator, or
+/// all of them by `fallback`) that timed out: the ranks that never published theirs (stopped,
+/// hung, busy elsewhere; `fallback` when every key is there by now) are named as a stalled
+/// collective names them — `no progress for N s (RAILRING_TIMEOUT) while waiting for rank(s)
+/// [..] in what` — not as store keys. Other store errors pass through.
+fn stalled_on(
+    e: crate::store::StoreError,
+    (store, keys, fallback): (&StoreClient, &[String], usize),
+    (me, timeout): (usize, Duration),
+    what: &str,
+) -> Error {
+    if !matches!(e, crate::store::StoreError::Timeout { .. }) {
+        return e.into();
+    }
+    let mut waiting: Vec<usize> = match keys.len() {
+        1 => Vec::new(),
+        _ => store
+            .check(keys)
+            .map(|have| (0..have.len()).filter(|&r| !have[r]).collect())
+            .unwrap_or_default(),
+    };
+    if waiting.is_empty() {
+        waiting.push(fallback);
+    }
+    Error::Timeout {
+        rank: me,
+        secs: timeout.as_secs(),
+        waiting,
+        what: what.into(),
+    }
+}
+
 /// Publish this rank's [`PeerInfo`] and read everyone's: rank 0 gathers them into one `world`
 /// record in the store, every rank reads that.
 fn gather_world(
@@ -665,7 +742,14 @@ fn gather_world(
     let world_key = format!("c{comm:x}/world");
     if rank == 0 {
         let keys: Vec<String> = (0..size).map(|r| format!("c{comm:x}/info/{r}")).collect();
-        store.wait(&keys, cfg.timeout)?;
+        store.wait(&keys, cfg.timeout).map_err(|e| {
+            stalled_on(
+                e,
+                (store, &keys, 0),
+                (rank, cfg.timeout),
+                "start-up (every rank publishing its address)",
+            )
+        })?;
         let mut all = Vec::with_capacity(size);
         for k in &keys {
             all.push(store.get(k, cfg.timeout)?);
@@ -679,7 +763,13 @@ fn gather_world(
         );
         store.set(&world_key, joined.as_bytes())?;
     }
-    let world = store.get(&world_key, cfg.timeout)?;
+    let world = await_rank(
+        store,
+        &world_key,
+        (rank, 0),
+        cfg.timeout,
+        "start-up (rank 0 gathering every rank's address)",
+    )?;
     if world.len() > MAX_WORLD.saturating_mul(size.max(1)).min(1 << 30) {
         return Err(Error::Invalid("world description too large".into()));
     }
@@ -813,25 +903,8 @@ impl Inner {
         let keys: Vec<String> = (0..self.size).map(|r| format!("{base}/{r}")).collect();
         let timeout = self.world.cfg.timeout;
         // a rank that never comes to the split (stopped, hung) is named as a stalled collective
-        // names it, not as a store key
-        let stalled = |e: crate::store::StoreError| -> Error {
-            if !matches!(e, crate::store::StoreError::Timeout { .. }) {
-                return e.into();
-            }
-            let mut waiting: Vec<usize> = store
-                .check(&keys)
-                .map(|have| (0..have.len()).filter(|&r| !have[r]).collect())
-                .unwrap_or_default();
-            if waiting.is_empty() {
-                waiting.push(0); // everyone arrived; rank 0 never published the records
-            }
-            Error::Timeout {
-                rank: self.rank,
-                secs: timeout.as_secs(),
-                waiting,
-                what: "split".into(),
-            }
-        };
+        // names it, not as a store key; everyone arrived: rank 0 never published the records
+        let stalled = |e| stalled_on(e, (store.as_ref(), &keys, 0), (self.rank, timeout), "split");
         store.set(&keys[self.rank], me.as_bytes())?;
         if self.rank == 0 {
             store.wait(&keys, timeout).map_err(stalled)?;
@@ -1000,5 +1073,65 @@ mod kernel_tests {
         assert_eq!(cpu_union(&four), Some(vec![0, 1]));
         assert_eq!(cpu_union(&four[1..2]), Some(vec![1]));
         assert_eq!(cpu_union(&four[..0]), None);
+    }
+}
+
+/// A rank that stops while a communicator is being set up (a split's new communicator on a
+/// node of several ranks) is named as a stalled collective names it: the rank, the timeout and
+/// who did not come, not a store key.
+#[cfg(test)]
+mod stall_tests {
+    use super::{fnv, Communicator};
+    use crate::config::Config;
+    use crate::error::Error;
+    use crate::store::{serve, Store, StoreClient};
+    use crate::transport::shm::segment_path;
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+
+    fn setup_as(me: usize, job: &str) -> Error {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let h = serve(l, "k", Store::new()).unwrap();
+        let store = StoreClient::connect(&h.addr.to_string(), "k", Duration::from_secs(2)).unwrap();
+        let mut cfg = Config::from_env().unwrap();
+        cfg.timeout = Duration::from_secs(1);
+        let t = Instant::now();
+        // comm ranks 4 and 6 share the node; the other one never comes
+        let r = Communicator::setup_shm(&store, 0x77, job, &[4, 6], me, "h", &cfg, None);
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        let key = format!("{:x}", fnv(&[b"h"]));
+        let _ = std::fs::remove_file(segment_path(job, 0x77, &key));
+        r.err()
+            .expect("set-up without the node's other rank must fail")
+    }
+
+    #[test]
+    fn a_missing_node_leader_is_named() {
+        let job = format!("stall-a-{}", std::process::id());
+        let e = setup_as(1, &job);
+        assert!(
+            matches!(&e, Error::Timeout { rank: 6, secs: 1, waiting, .. } if waiting == &[4]),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("rank 6: no progress for 1 s (RAILRING_TIMEOUT) while waiting for rank(s) [4] in shared-memory setup"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_missing_node_member_is_named() {
+        let job = format!("stall-b-{}", std::process::id());
+        let e = setup_as(0, &job);
+        assert!(
+            matches!(&e, Error::Timeout { rank: 4, secs: 1, waiting, .. } if waiting == &[6]),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .contains("no progress for 1 s (RAILRING_TIMEOUT) while waiting for rank(s) [6]"),
+            "{e}"
+        );
     }
 }
