@@ -504,6 +504,15 @@ impl Inner {
                         plan: plan.clone(),
                         direct,
                     });
+                    // the first call of a shape too: the executor would copy an out-of-place
+                    // input into `work` first, and the fabric then see an in-place call
+                    if let (Some(d), Some(f)) = (
+                        self.last.as_ref().and_then(|l| l.direct.as_ref()),
+                        self.fabric.as_deref_mut(),
+                    ) {
+                        // SAFETY: work, input and src are live slices of the stated lengths.
+                        return unsafe { d.run(f, &desc, op, bufs) };
+                    }
                     (plan, Vec::new())
                 }
             }
