@@ -45,7 +45,8 @@ pub struct Config {
     /// that reads directly, read blocks of every size directly (`on`), only up to the staged
     /// path's crossover measured on a slow kernel copy (`off`), or as the node's measured
     /// kernel copy says (`auto`: `transport::shm::kernel_copy_ratio`); on a node whose ranks
-    /// outnumber its CPUs, the same decides whether the all-to-all reads directly.
+    /// outnumber its CPUs, the same decides whether the all-to-all reads directly, and a large
+    /// broadcast whose root calls out of place.
     pub shm_single_copy_large: SingleCopy,
     /// `RAILRING_NET_CHUNK` (bytes, default 512 KiB): pipelining chunk on network links.
     pub net_chunk: usize,

@@ -390,6 +390,52 @@ fn tree_broadcasts_on_one_node_are_exact_from_every_root() {
     }
 }
 
+/// Where four ranks share fewer CPUs and read each other's memory directly
+/// (`RAILRING_SHM_SINGLE_COPY_LARGE=on`; `auto` when the kernel copies fast), a broadcast of 4
+/// MiB and more whose root calls out of place has every rank read the root's input directly,
+/// and stages when the root calls in place: the root says which, the others follow. From every
+/// root, the root switching between the two call by call, a rank arriving late now and then,
+/// every element checked; the ranks' debug lines prove which way each call went.
+#[test]
+fn crowded_broadcasts_follow_the_root_in_or_out_of_place() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let outs = direct(
+        4,
+        &["broadcast-crowded"],
+        &[
+            ("RAILRING_SHM_SINGLE_COPY_LARGE", "on"),
+            ("RAILRING_DEBUG", "DEBUG"),
+            ("RAILRING_DEBUG_SUBSYS", "exec"),
+        ],
+        |_| "same".into(),
+        Duration::from_secs(120),
+    );
+    all_ok(&outs);
+    for (r, o) in outs.iter().enumerate() {
+        assert!(
+            o.stdout.contains(&format!("OK rank {r} broadcast-crowded")),
+            "rank {r}: {}",
+            o.stdout
+        );
+        let count = |what: &str| {
+            o.stderr
+                .lines()
+                .filter(|l| l.contains("in-node broadcast of") && l.contains(what))
+                .count()
+        };
+        let (direct, staged) = (
+            count("every rank reads its input directly"),
+            count("in place, staged"),
+        );
+        if 4 > cpus {
+            // 2 sizes x 4 roots, each once out of place and once in place; not the 4 MiB - 4 B
+            assert_eq!((direct, staged), (8, 8), "rank {r}:\n{}", o.stderr);
+        } else {
+            assert_eq!((direct, staged), (0, 0), "rank {r}: not crowded here");
+        }
+    }
+}
+
 #[test]
 fn every_collective_odd_sizes_single_node_and_forced_algorithms() {
     all_ok(&direct(

@@ -15,6 +15,10 @@
 //!   broadcast-tree broadcasts of 64-256 KiB (a tree of direct reads on one node) from every
 //!                  root, in place and out of place, each call's values its own, a rank
 //!                  starting late now and then; prints "OK rank R broadcast-tree"
+//!   broadcast-crowded broadcasts of 4-10 MB from every root, the root calling in place and out
+//!                  of place by turns (a crowded node reads the out-of-place ones directly,
+//!                  stages the others), and one just under 4 MiB; each call's values its own, a
+//!                  rank starting late now and then; prints "OK rank R broadcast-crowded"
 use half::{bf16, f16};
 use railring::{Communicator, Element, ReduceOp};
 
@@ -558,6 +562,42 @@ fn main() {
                 }
             }
             println!("OK rank {me} broadcast-tree");
+        }
+        "broadcast-crowded" => {
+            let v = call_value;
+            let mut k = 0;
+            // 4 MiB + 4 B (the direct reads' least size), 10 MB, and 4 MiB - 4 B (staged)
+            for count in [1_048_577usize, 2_500_001, 1_048_575] {
+                for root in 0..n {
+                    for out_of_place in [k % 2 == 0, k % 2 != 0] {
+                        k += 1;
+                        if me == (root + k) % n && k % 3 == 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(2));
+                        }
+                        let inp: Vec<f32> = (0..count).map(|i| v(k, me, i)).collect();
+                        let mut out = vec![-1.0f32; count];
+                        let what = if out_of_place {
+                            c.broadcast_into(&inp, &mut out, root).unwrap();
+                            "broadcast_into"
+                        } else {
+                            if me == root {
+                                out.copy_from_slice(&inp);
+                            }
+                            c.broadcast(&mut out, root).unwrap();
+                            "broadcast"
+                        };
+                        check(&format!("{what} {count} root {root} call {k}"), &out, |i| {
+                            Some(v(k, root, i))
+                        });
+                        if me == root && out_of_place {
+                            check(&format!("{what} input kept, call {k}"), &inp, |i| {
+                                Some(v(k, me, i))
+                            });
+                        }
+                    }
+                }
+            }
+            println!("OK rank {me} broadcast-crowded");
         }
         "run-ahead" => {
             let v = call_value;

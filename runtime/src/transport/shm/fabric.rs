@@ -152,6 +152,22 @@ const TREE_BROADCAST_MIN: usize = 64 << 10;
 const TREE_BROADCAST_MAX: usize = 512 << 10;
 /// See [`TREE_BROADCAST_MIN`] (inclusive; on more than 4 local ranks).
 const TREE_BROADCAST_MAX_MANY: usize = 256 << 10;
+/// On a node whose ranks outnumber its CPUs and whose kernel copies fast (as for
+/// [`CROWDED_ALLTOALL_OOP_MAX`]), a broadcast of this many bytes up to
+/// [`CROWDED_BROADCAST_OOP_MAX`] (exclusive) whose root calls out of place has every other
+/// rank read the root's input directly (`process_vm_readv`) while the root copies its own
+/// result; in place (the root's word, `ShmFabric::root_out_of_place`) it stages. Staged, the
+/// root's CPU copies each chunk twice (into its slot, into its result) and a peer's copy-out
+/// besides: 48 of the node's 80 MiB at 16 MiB on 2 CPUs. Read directly, the root copies 16
+/// and each CPU's two readers about as much in kernel copies. 4 ranks on 2 CPUs, railperf
+/// broadcast -z 1 -n 20 -w 3, medians of 4 interleaved launches, out of place µs, staged
+/// against read directly (Open MPI in the same loop): 4 MiB 736 / 689 (893), 8 MiB 1585 /
+/// 1278 (1430), 16 MiB 3222 / 2673 (2850; -n 40 -w 5, 6 launches: 3068 / 2415 (2710)), 32 MiB
+/// 8412 / 8642 (9243), 64 MiB 20582 / 20576 (32615). In place staging stays far ahead (16
+/// MiB: 2147 staged against 2617 read directly; Open MPI 2989).
+const CROWDED_BROADCAST_OOP_MIN: usize = 4 << 20;
+/// See [`CROWDED_BROADCAST_OOP_MIN`].
+const CROWDED_BROADCAST_OOP_MAX: usize = 32 << 20;
 /// A reduce on two ranks whose kernel copies fast ([`Node::large_single`]) of at least this
 /// many bytes reads the peer's input directly ([`ShmFabric::single_copy_reduce`]; below it, the
 /// one-round small reduce). railperf reduce -z 1, 2 ranks, µs out of place / in place, staged
@@ -534,6 +550,14 @@ impl ShmFabric {
             {
                 self.all_out_of_place(!std::ptr::eq(src, work))?
             }
+            NodeMode::Broadcast { root }
+                if largest >= CROWDED_BROADCAST_OOP_MIN
+                    && self.crowded_broadcast_sizes().contains(&largest) =>
+            {
+                let direct = self.root_out_of_place(root, !std::ptr::eq(src, work))?;
+                tracing::debug!(target: "railring::exec", rank = self.rank, "in-node broadcast of {largest} B from local rank {root}: {}", if direct { "the root calls out of place, every rank reads its input directly" } else { "the root calls in place, staged" });
+                direct
+            }
             _ => self.single_copy_sizes(mode).contains(&largest),
         };
         let small = fits
@@ -905,7 +929,8 @@ impl ShmFabric {
     /// interleaved launches, in place µs medians (ranges), the root's block read whole against
     /// in halves: 64 KiB 6.9 (6-8) against 4.8 (4-5), 128 KiB 11.5 (11-13) against 6.7 (6-8),
     /// 256 KiB 20.8 (20-22) against 11.7 (11-13). On more ranks the block goes down a binomial
-    /// tree of such reads ([`TREE_BROADCAST_MIN`]).
+    /// tree of such reads ([`TREE_BROADCAST_MIN`]), or, on a crowded node whose root calls out
+    /// of place, every rank reads the root's input ([`CROWDED_BROADCAST_OOP_MIN`]).
     #[allow(clippy::too_many_arguments)]
     unsafe fn single_copy_broadcast(
         &mut self,
@@ -926,8 +951,15 @@ impl ShmFabric {
             // rank returns once its children (v + 2^k for 2^k > v) read from it.
             let v = (me + l - root) % l;
             let real = |v: usize| (v + root) % l;
+            // a crowded node's large broadcast with its root out of place: every rank reads the
+            // root's input (a parent's whole result was a round behind; [`CROWDED_BROADCAST_OOP_MIN`])
+            let flat = n >= CROWDED_BROADCAST_OOP_MIN;
             if v > 0 {
-                let pv = v & !(1usize << (usize::BITS - 1 - v.leading_zeros()));
+                let pv = if flat {
+                    0
+                } else {
+                    v & !(1usize << (usize::BITS - 1 - v.leading_zeros()))
+                };
                 let p = real(pv);
                 self.wait_buffer(
                     "broadcast (waiting for the parent's buffer)",
@@ -952,12 +984,16 @@ impl ShmFabric {
                 self.node.ring_bell();
             } else if !std::ptr::eq(input, work) {
                 // (the root's children read its input: nobody waits for its `reduced`)
-                std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+                if n >= STREAM_MIN {
+                    kernels::copy_streaming(work.add(o), input.add(o), n);
+                } else {
+                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+                }
             }
-            let mut step = if v == 0 {
-                1
-            } else {
-                1usize << (usize::BITS - v.leading_zeros())
+            let mut step = match (v, flat) {
+                (0, _) => 1,
+                (_, true) => l,
+                _ => 1usize << (usize::BITS - v.leading_zeros()),
             };
             while v + step < l {
                 let c = real(v + step);
@@ -967,7 +1003,7 @@ impl ShmFabric {
                     g,
                     self.node.reduced(c),
                 )?;
-                step <<= 1;
+                step = if flat { step + 1 } else { step << 1 };
             }
             return Ok(());
         }
@@ -1946,16 +1982,75 @@ impl ShmFabric {
     /// the node has more than two ranks, they outnumber its CPUs and its all-to-all reads
     /// directly ([`Node::alltoall_single_min`]).
     fn crowded_out_of_place_sizes(&self) -> std::ops::Range<usize> {
-        let node = &self.node;
-        if node.single_copy()
-            && node.crowded()
-            && self.local_size() > 2
-            && node.alltoall_single_min() != usize::MAX
-        {
+        if self.crowded_reads_fast() {
             SINGLE_COPY_ALLTOALL_MAX..CROWDED_ALLTOALL_OOP_MAX
         } else {
             0..0
         }
+    }
+
+    /// The broadcasts a crowded node reads directly when the root calls out of place
+    /// ([`CROWDED_BROADCAST_OOP_MIN`], [`Self::root_out_of_place`]); empty where
+    /// [`Self::crowded_out_of_place_sizes`] is. Never under `NSLOT` slots' worth (a larger
+    /// `RAILRING_SHM_SLOT` raises the start): staged, such a broadcast waits for every peer
+    /// before its third chunk, which the root's word relies on.
+    fn crowded_broadcast_sizes(&self) -> std::ops::Range<usize> {
+        if self.crowded_reads_fast() {
+            let slot = self.node.geo.slot_bytes - SMALL_HDR;
+            CROWDED_BROADCAST_OOP_MIN.max(NSLOT * slot)..CROWDED_BROADCAST_OOP_MAX
+        } else {
+            0..0
+        }
+    }
+
+    /// More than two local ranks, more than the node's CPUs, every one able to read every
+    /// other's memory, and the node's all-to-all reads directly (its kernel copy was timed fast
+    /// at set-up, or it was told `on`).
+    fn crowded_reads_fast(&self) -> bool {
+        let node = &self.node;
+        node.single_copy()
+            && node.crowded()
+            && self.local_size() > 2
+            && node.alltoall_single_min() != usize::MAX
+    }
+
+    /// Does the root of this broadcast call out of place (`out_of_place`: this rank's own
+    /// answer, which counts only on the root)? The root says so in its `placement` word for
+    /// the call's first generation and goes on; every other rank waits for that word (or for
+    /// the root's header line of that generation without it: a root in another call, which the
+    /// staged path's descriptor check then names) and reads it again after, so all take the
+    /// root's path. The root's word cannot move on before every peer read it: read directly,
+    /// the root returns only once every peer has read its block; staged, its third chunk waits
+    /// until every peer published `ready` for the first, which a peer does after reading the
+    /// word (such a broadcast fills at least `NSLOT` slots: [`Self::crowded_broadcast_sizes`]).
+    fn root_out_of_place(&self, root: usize, out_of_place: bool) -> Result<bool> {
+        let g = self.gen + 1;
+        let me = self.node.me;
+        if me == root {
+            self.node
+                .placement(me)
+                .store(2 * g + u64::from(out_of_place), Ordering::SeqCst);
+            self.node.ring_bell();
+            return Ok(out_of_place);
+        }
+        let said = self.node.placement(root);
+        // SAFETY: the header line's first word, inside the mapping.
+        let line = unsafe { &*(self.node.line(root, g) as *const AtomicU64) };
+        let elsewhere = AtomicU64::new(u64::MAX);
+        self.wait_all(
+            "broadcast (waiting for the root to say whether it calls in place)",
+            2 * g,
+            |j| {
+                if j != root
+                    || said.load(Ordering::Acquire) < 2 * g && line.load(Ordering::Acquire) >= g
+                {
+                    &elsewhere
+                } else {
+                    said
+                }
+            },
+        )?;
+        Ok(said.load(Ordering::Acquire) == 2 * g + 1)
     }
 
     /// Does every local rank call this all-to-all out of place (`out_of_place`: this one
