@@ -3,10 +3,10 @@
 //!
 //! Usage: `rr-soak [--calls N] [--seconds S] [--seed X] [--max-count N] [--progress K]`
 //!
-//! Every rank draws the same sequence of calls from the seed: collective (all-reduce in and out
-//! of place, reduce-scatter, all-gather, broadcast, reduce, all-to-all, send/recv, barrier),
-//! dtype, op, root, count (0, 1, odd and awkward counts up to `--max-count`) and, now and then,
-//! a communicator split the next calls run on. Inputs are small integers, so every result has an
+//! Every rank draws the same sequence of calls from the seed: collective (all-reduce and
+//! broadcast in and out of place, reduce-scatter, all-gather, reduce, all-to-all, send/recv,
+//! barrier), dtype, op, root, count (0, 1, odd and awkward counts up to `--max-count`) and, now
+//! and then, a communicator split the next calls run on. Inputs are small integers, so every result has an
 //! exact reference that each rank computes for every element. It stops after N calls or S
 //! seconds (whichever first; the ranks agree through an all-reduce of "time is up" flags every
 //! 64 calls). Output: `PROGRESS rank R calls C` every K calls, `WRONG ...` (exit 1) for a wrong
@@ -165,7 +165,7 @@ fn one<T: Element>(x: &mut Ctx<'_>, rng: &mut Rng, count: usize) {
                 T::from_i64(val(world[i / count.max(1)], i, ReduceOp::Sum, salt))
             });
         }
-        5 => {
+        5 if salt % 2 == 0 => {
             let mut b = if me == root {
                 input(wme, count, ReduceOp::Sum)
             } else {
@@ -173,6 +173,19 @@ fn one<T: Element>(x: &mut Ctx<'_>, rng: &mut Rng, count: usize) {
             };
             ok(x, &what("broadcast"), x.c.broadcast(&mut b, root));
             check(x, &what("broadcast"), &b, |i| {
+                T::from_i64(val(world[root], i, ReduceOp::Sum, salt))
+            });
+        }
+        5 => {
+            // out of place (every rank passes an input; only the root's is read)
+            let inp = input(wme, count, ReduceOp::Sum);
+            let mut out = vec![T::default(); count];
+            ok(
+                x,
+                &what("broadcast_into"),
+                x.c.broadcast_into(&inp, &mut out, root),
+            );
+            check(x, &what("broadcast_into"), &out, |i| {
                 T::from_i64(val(world[root], i, ReduceOp::Sum, salt))
             });
         }
