@@ -165,7 +165,7 @@ fn one<T: Element>(x: &mut Ctx<'_>, rng: &mut Rng, count: usize) {
                 T::from_i64(val(world[i / count.max(1)], i, ReduceOp::Sum, salt))
             });
         }
-        5 if salt % 2 == 0 => {
+        5 if salt.is_multiple_of(2) => {
             let mut b = if me == root {
                 input(wme, count, ReduceOp::Sum)
             } else {
