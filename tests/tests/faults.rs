@@ -589,18 +589,15 @@ fn suite(test: &str, faults: &[Fault], rounds: usize) {
 /// silent node (the heartbeat), a signal to railrun and two jobs at once.
 #[test]
 fn fault_suite_short() {
-    if std::env::var("RAILRING_FAULTS").as_deref() == Ok("stop") {
-        let rounds = std::env::var("RAILRING_FAULTS_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3);
+    let mode = std::env::var("RAILRING_FAULTS").unwrap_or_default();
+    let rounds = std::env::var("RAILRING_FAULTS_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    if mode == "stop" {
         return suite("fault_suite_stop", &[Fault::StopRank], rounds);
     }
-    if std::env::var("RAILRING_FAULTS").as_deref() == Ok("long") {
-        let rounds = std::env::var("RAILRING_FAULTS_ROUNDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3);
+    if mode == "long" {
         return suite(
             "fault_suite_long",
             &[

@@ -689,14 +689,13 @@ fn await_rank(
     timeout: Duration,
     what: &str,
 ) -> Result<Vec<u8>> {
-    let key = [key.to_string()];
     store
-        .get(&key[0], timeout)
-        .map_err(|e| stalled_on(e, (store, &key, peer), (me, timeout), what))
+        .get(key, timeout)
+        .map_err(|e| stalled_on(e, (store, &[], peer), (me, timeout), what))
 }
 
-/// A store wait of rank `me` for `keys` (key i published by rank i of this communicator, or
-/// all of them by `fallback`) that timed out: the ranks that never published theirs (stopped,
+/// A store wait of rank `me` for `keys` (key i published by rank i of this communicator; none:
+/// one key, `fallback`'s) that timed out: the ranks that never published theirs (stopped,
 /// hung, busy elsewhere; `fallback` when every key is there by now) are named as a stalled
 /// collective names them — `no progress for N s (RAILRING_TIMEOUT) while waiting for rank(s)
 /// [..] in what` — not as store keys. Other store errors pass through.
@@ -709,12 +708,13 @@ fn stalled_on(
     if !matches!(e, crate::store::StoreError::Timeout { .. }) {
         return e.into();
     }
-    let mut waiting: Vec<usize> = match keys.len() {
-        1 => Vec::new(),
-        _ => store
+    let mut waiting: Vec<usize> = if keys.is_empty() {
+        Vec::new()
+    } else {
+        store
             .check(keys)
             .map(|have| (0..have.len()).filter(|&r| !have[r]).collect())
-            .unwrap_or_default(),
+            .unwrap_or_default()
     };
     if waiting.is_empty() {
         waiting.push(fallback);

@@ -6,10 +6,10 @@
 //! Every rank draws the same sequence of calls from the seed: collective (all-reduce and
 //! broadcast in and out of place, reduce-scatter, all-gather, reduce, all-to-all, send/recv,
 //! barrier), dtype, op, root, count (0, 1, odd and awkward counts up to `--max-count`) and, now
-//! and then, a communicator split the next calls run on. Inputs are small integers, so every result has an
-//! exact reference that each rank computes for every element. It stops after N calls or S
-//! seconds (whichever first; the ranks agree through an all-reduce of "time is up" flags every
-//! 64 calls). Output: `PROGRESS rank R calls C` every K calls, `WRONG ...` (exit 1) for a wrong
+//! and then, a communicator split the next calls run on. Inputs are small integers, so every
+//! result has an exact reference that each rank computes for every element. It stops after N
+//! calls or S seconds (whichever first; the ranks agree through an all-reduce of "time is up"
+//! flags every 64 calls). Output: `PROGRESS rank R calls C` every K calls, `WRONG ...` (exit 1) for a wrong
 //! element, `ERROR after C calls: ...` (exit 3) for an error, and at the end
 //! `SOAK rank R calls C wrong 0 bytes B seconds T peak_rss_kib K`.
 
