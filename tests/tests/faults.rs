@@ -13,7 +13,8 @@
 //!
 //! The CI runs a short list once (`fault_suite_short`: 8 faults); `scripts/faults` runs every
 //! fault several times at random points (`RAILRING_FAULTS=long`, `RAILRING_FAULTS_ROUNDS=N`);
-//! `scripts/faults N stop` only the hang, N times (its message depends on where the rank stops).
+//! `scripts/faults N stop` only the hang, N times (its message depends on where the rank stops),
+//! `scripts/faults N flap` only the rail flap.
 //! Needs root (namespaces); prints SKIPPED otherwise (and fails under CI).
 
 use railring_tests::cluster::{Cluster, ClusterSpec};
@@ -470,10 +471,16 @@ fn run_fault(c: &Cluster, hostfile: &str, fault: Fault, rng: &mut Rng) -> Row {
         sh(c, "n2", "ip link set mgmt0 up");
     }
     // what a failure shows: everything but the progress ticks (which would bury the error in
-    // a CI log that keeps only the head and the tail)
+    // a CI log that keeps only the head and the tail), then the last ticks (where a job that
+    // stalled got to)
+    let ticks: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("PROGRESS rank"))
+        .collect();
     let shown = text
         .lines()
         .filter(|l| !l.starts_with("PROGRESS rank"))
+        .chain(ticks[ticks.len().saturating_sub(8)..].iter().copied())
         .collect::<Vec<_>>()
         .join("\n");
     let secs = ended.duration_since(t_fault).as_secs_f64();
@@ -565,10 +572,17 @@ fn suite(test: &str, faults: &[Fault], rounds: usize) {
     .unwrap_or_else(|e| panic!("{test}: cluster up: {e}"));
     let hf = c.hostfile(2).unwrap();
     let hf = hf.to_str().unwrap();
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1)
+    // RAILRING_FAULTS_SEED replays a printed seed (the same soak seeds, sizes and injection
+    // points; the timing is the machine's)
+    let seed = std::env::var("RAILRING_FAULTS_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
         | 1;
     let _ = writeln!(std::io::stderr(), "{test}: injection seed {seed}");
     let mut rng = Rng(seed);
@@ -596,6 +610,9 @@ fn fault_suite_short() {
         .unwrap_or(3);
     if mode == "stop" {
         return suite("fault_suite_stop", &[Fault::StopRank], rounds);
+    }
+    if mode == "flap" {
+        return suite("fault_suite_flap", &[Fault::RailFlap], rounds);
     }
     if mode == "long" {
         return suite(
