@@ -13,6 +13,7 @@ use crate::transport::tcp::{RailAddr, TcpNet};
 use crate::transport::{Link, LinkId};
 use railring_collectives::fx::FxMap;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -238,6 +239,21 @@ impl Links for LinkTable {
     }
 }
 
+/// Link tables alive in this process (one per communicator).
+static LIVE_TABLES: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for LinkTable {
+    /// The links go (a TCP link that still owes its peer bytes lingers until they are taken:
+    /// `transport::failover`); the process's last table waits for those, so a program that
+    /// ends right after its last call loses nothing in flight.
+    fn drop(&mut self) {
+        self.map.clear();
+        if LIVE_TABLES.fetch_sub(1, Ordering::AcqRel) == 1 {
+            crate::transport::failover::settle();
+        }
+    }
+}
+
 impl LinkTable {
     /// An empty table for rank `me` of communicator `comm` (timeouts and streams from `cfg`).
     /// `node` (with `local`, the node's
@@ -258,6 +274,7 @@ impl LinkTable {
             ),
             None => (None, FxMap::default()),
         };
+        LIVE_TABLES.fetch_add(1, Ordering::AcqRel);
         LinkTable {
             me,
             comm,

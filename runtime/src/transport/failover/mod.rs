@@ -34,6 +34,11 @@
 //! interface is up and the rail has been dead for [`retry_after`]: a background connect, then the
 //! same `RESUME` exchange while the link waits on the peer — so calls use a rail again soon after
 //! it comes back.
+//!
+//! **Closing.** A link dropped while the peer has not acknowledged everything (a communicator
+//! freed right after its last call) lingers on the keeper until the peer has taken those bytes,
+//! then closes after reading what is unread (see [`LINGER`]); the last link table of the
+//! process waits for lingering links ([`settle`]).
 
 //!
 //! Files: this one (the pieces a link is made of, the handle [`RailLink`] and the rail keeper),
@@ -259,8 +264,53 @@ fn keeper_register(st: &Shared) {
                         }
                     }
                 }
+                linger_round();
             });
     });
+}
+
+/// Links dropped while the peer had not yet acknowledged all they sent (a communicator freed
+/// right after its last call: a finished send's tail is only retained, not yet taken), each
+/// with its deadline. They are serviced — resends, the peer's acknowledgements read — until
+/// the peer has taken everything, the link failed for good or the deadline passed, and only
+/// then closed: closing at once would lose that tail, and a socket closed with unread bytes
+/// (the peer's acknowledgements) is reset, which the peer takes for a failing rail.
+static LINGER: Mutex<Vec<(Shared, Instant)>> = Mutex::new(Vec::new());
+
+/// One visit to every lingering link (see [`LINGER`]): true when none is left.
+fn linger_round() -> bool {
+    let mut l = LINGER.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    l.retain(|(st, deadline)| match st.try_lock() {
+        Ok(mut g) => !g.linger() && now < *deadline,
+        Err(_) => true,
+    });
+    l.is_empty()
+}
+
+/// Wait until every dropped link has delivered what it owed its peer (see [`LINGER`]; each
+/// link gives up at its own deadline). The last communicator of a process calls this as it is
+/// dropped, so a program that returns right after its last call loses nothing in flight.
+pub fn settle() {
+    while !linger_round() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Drop for RailLink {
+    fn drop(&mut self) {
+        let mut g = self.lock();
+        if g.owes() {
+            let deadline = Instant::now() + g.ctx.connect_timeout.max(g.ctx.rail_timeout);
+            drop(g);
+            LINGER
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((self.st.clone(), deadline));
+        } else {
+            g.close();
+        }
+    }
 }
 
 impl RailLink {
@@ -347,5 +397,102 @@ impl Link for RailLink {
     }
     fn heal(&mut self, needed: bool) -> Result<(), LinkError> {
         self.lock().heal(needed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::rails::Rail;
+    use std::net::Ipv4Addr;
+
+    fn ctx(net: &Arc<TcpNet>, peer: &Arc<TcpNet>, me: usize) -> RailCtx {
+        RailCtx {
+            net: net.clone(),
+            id: LinkId {
+                comm: 0x11,
+                me,
+                peer: 1 - me,
+                chan: 0,
+            },
+            home: 0,
+            spread: vec![0],
+            peer_addrs: peer.addrs.clone(),
+            my_host: format!("h{me}"),
+            peer_host: format!("h{}", 1 - me),
+            peer_key: format!("h{}", 1 - me),
+            streams: 1,
+            rail_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            abort: None,
+        }
+    }
+
+    /// A communicator freed right after its last call drops links whose last sends the peer
+    /// has not taken yet (finished, their tail only retained). Those bytes must still arrive,
+    /// and the connection must not be reset: closed with the peer's unread acknowledgements in
+    /// it, it was, the kernel threw away what it still held, and the peer — reset while this
+    /// process still listened — took it for a failing rail and waited for a move nobody
+    /// answered (a soak's reduce on a freshly split communicator hung that way).
+    #[test]
+    fn a_dropped_link_delivers_what_it_owes_without_a_reset() {
+        let lo = vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)];
+        let na = TcpNet::start(lo.clone(), "s").unwrap();
+        let nb = TcpNet::start(lo, "s").unwrap();
+        let mut a = RailLink::connect(ctx(&na, &nb, 0)).unwrap();
+        let conn = nb
+            .accept(0x11, 0, 0, Duration::from_secs(5))
+            .unwrap()
+            .expect("accepted");
+        let mut b = RailLink::accepted(ctx(&nb, &na, 1), conn);
+        // bytes to `a` that it never reads
+        let mut off = 0;
+        while off < 100 {
+            off += b.try_send(&[7u8; 100][off..]).unwrap();
+        }
+        // `a` sends until the kernel holds no more (b reads nothing yet), each finished send
+        // retained as the executor does
+        let piece: Vec<u8> = (0..16 << 10).map(|i| (i * 13 + i / 251) as u8).collect();
+        let mut sent = 0usize;
+        'fill: while sent < 6 << 20 {
+            let start = a.bytes_sent();
+            let mut taken = 0;
+            let mut idle = Instant::now();
+            while taken < piece.len() {
+                let n = a.try_send(&piece[taken..]).unwrap();
+                taken += n;
+                if n > 0 {
+                    idle = Instant::now();
+                } else if idle.elapsed() > Duration::from_millis(50) {
+                    assert!(a.retain(start, &[&piece[..taken]]));
+                    sent += taken;
+                    break 'fill;
+                }
+            }
+            assert!(a.retain(start, &[&piece]));
+            sent += taken;
+        }
+        assert!(a.acked() < sent as u64, "the peer read nothing yet");
+        drop(a);
+        // `b` now reads everything `a` sent, in order
+        let mut got = vec![0u8; sent];
+        let mut have = 0;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while have < sent && Instant::now() < deadline {
+            match b.try_recv(&mut got[have..]) {
+                Ok(0) => std::thread::sleep(Duration::from_millis(1)),
+                Ok(n) => {
+                    have += n;
+                    b.ack(false).unwrap();
+                }
+                Err(e) => panic!("after {have} of {sent} bytes: {e}"),
+            }
+        }
+        assert_eq!(have, sent, "bytes lost");
+        assert!(
+            (0..sent).all(|i| got[i] == piece[i % piece.len()]),
+            "bytes out of order"
+        );
+        assert_eq!(b.moves(), 0, "the peer took the close for a failing rail");
     }
 }

@@ -593,6 +593,63 @@ impl LinkState {
         Ok(())
     }
 
+    /// Bytes of ours that the peer has not acknowledged, or that are not written yet (a link
+    /// that failed for good owes nothing: it cannot deliver).
+    pub(super) fn owes(&self) -> bool {
+        self.dead.is_none()
+            && (self.acked < self.next
+                || self.wire < self.next
+                || self.frame_left > 0
+                || self.ctl_off < self.ctl.len())
+    }
+
+    /// Read and drop whatever the peer sent (taking its acknowledgements on the way).
+    fn discard_incoming(&mut self) {
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = self.try_recv(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+
+    /// One visit to a dropped link that still owes the peer bytes ([`Self::owes`]): write
+    /// them (resending after a move), read the peer's acknowledgements. True when done: it
+    /// owes nothing now and is closed.
+    pub(super) fn linger(&mut self) -> bool {
+        let _ = self.heal(false);
+        if self.switching.is_none() && self.dead.is_none() {
+            self.discard_incoming();
+        }
+        if self.owes() {
+            return false;
+        }
+        self.close();
+        true
+    }
+
+    /// Before the connection closes: acknowledge what we took (the peer lets go of its copy)
+    /// and read what is unread — a socket closed with unread bytes is reset, and a reset
+    /// connection whose peer still listens looks like a failing rail to the peer.
+    pub(super) fn close(&mut self) {
+        if self.dead.is_some() || self.switching.is_some() {
+            return;
+        }
+        if self.rcvd > self.ack_sent {
+            self.owe_ack = true;
+            if self.pump_out(&[]).is_err() {
+                return;
+            }
+        }
+        // raw reads: an error now (the peer reset or left) is no reason to move rails
+        let mut sink = [0u8; 4096];
+        while let Ok(n) = self.conn.recv_raw(&mut sink) {
+            if n == 0 {
+                break;
+            }
+        }
+    }
+
     pub(super) fn busy(&self) -> bool {
         // bytes the peer has not confirmed are watched until it does: a finished send whose
         // tail sits in a dead rail's socket must be noticed here, not by the waiting peer
