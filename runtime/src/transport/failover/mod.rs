@@ -156,6 +156,16 @@ struct Pending {
     rail: usize,
     hdr: [u8; HDR],
     fill: usize,
+    /// When it was made (ours: the peer's answer is due within [`answer_within`]).
+    since: Instant,
+}
+
+/// How long a move waits for the peer's `RESUME`. A live peer answers within a rail keeper's
+/// tick or two (a new connection makes every link of its process look for it), so silence this
+/// long means its process is stopped or its end of the link is closed — its communicator freed
+/// while a transfer was in flight — and waiting for `RAILRING_TIMEOUT` would only hide that.
+fn answer_within(rail_timeout: Duration) -> Duration {
+    rail_timeout.max(Duration::from_secs(2))
 }
 
 /// Where the current data frame's payload comes from.
@@ -406,11 +416,13 @@ mod tests {
     use crate::transport::rails::Rail;
     use std::net::Ipv4Addr;
 
-    fn ctx(net: &Arc<TcpNet>, peer: &Arc<TcpNet>, me: usize) -> RailCtx {
+    /// Link `comm` between two endpoints on loopback, rank `me`'s side (host names `{tag}0` and
+    /// `{tag}1`: the rail health table is the process's, so tests keep their peers apart).
+    fn ctx(net: &Arc<TcpNet>, peer: &Arc<TcpNet>, me: usize, comm: u64, tag: &str) -> RailCtx {
         RailCtx {
             net: net.clone(),
             id: LinkId {
-                comm: 0x11,
+                comm,
                 me,
                 peer: 1 - me,
                 chan: 0,
@@ -418,14 +430,61 @@ mod tests {
             home: 0,
             spread: vec![0],
             peer_addrs: peer.addrs.clone(),
-            my_host: format!("h{me}"),
-            peer_host: format!("h{}", 1 - me),
-            peer_key: format!("h{}", 1 - me),
+            my_host: format!("{tag}{me}"),
+            peer_host: format!("{tag}{}", 1 - me),
+            peer_key: format!("{tag}{}", 1 - me),
             streams: 1,
-            rail_timeout: Duration::from_secs(5),
+            rail_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(5),
             abort: None,
         }
+    }
+
+    /// Both sides of a link over loopback.
+    fn pair(comm: u64, tag: &str) -> (RailLink, RailLink) {
+        let lo = vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)];
+        let na = TcpNet::start(lo.clone(), "s").unwrap();
+        let nb = TcpNet::start(lo, "s").unwrap();
+        let a = RailLink::connect(ctx(&na, &nb, 0, comm, tag)).unwrap();
+        let conn = nb
+            .accept(comm, 0, 0, Duration::from_secs(5))
+            .unwrap()
+            .expect("accepted");
+        (a, RailLink::accepted(ctx(&nb, &na, 1, comm, tag), conn))
+    }
+
+    /// A move that the peer never answers (its end of the link closed: no link of its process
+    /// takes the replacement connection) fails the link after `answer_within`, naming the peer,
+    /// instead of waiting for RAILRING_TIMEOUT.
+    #[test]
+    fn a_move_nobody_answers_fails_naming_the_peer() {
+        let (mut a, b) = pair(0x12, "m");
+        drop(b);
+        a.fail_now("a test").unwrap();
+        let t0 = Instant::now();
+        let mut buf = [0u8; 8];
+        let err = loop {
+            match a.try_recv(&mut buf) {
+                Ok(0) => {
+                    assert!(t0.elapsed() < Duration::from_secs(10), "still waiting");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(n) => panic!("{n} bytes from a closed link"),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(
+            t0.elapsed() >= Duration::from_secs(2),
+            "gave up after {:?}",
+            t0.elapsed()
+        );
+        assert!(
+            err.contains("no answer from rank 1 on m1")
+                && err.contains("its end of this link is closed"),
+            "{err}"
+        );
+        // the failure stays: the link is not used again as if nothing happened
+        assert!(a.try_send(&[1]).is_err());
     }
 
     /// A communicator freed right after its last call drops links whose last sends the peer
@@ -436,15 +495,7 @@ mod tests {
     /// answered (a soak's reduce on a freshly split communicator hung that way).
     #[test]
     fn a_dropped_link_delivers_what_it_owes_without_a_reset() {
-        let lo = vec![Rail::new("lo", Ipv4Addr::LOCALHOST, 8)];
-        let na = TcpNet::start(lo.clone(), "s").unwrap();
-        let nb = TcpNet::start(lo, "s").unwrap();
-        let mut a = RailLink::connect(ctx(&na, &nb, 0)).unwrap();
-        let conn = nb
-            .accept(0x11, 0, 0, Duration::from_secs(5))
-            .unwrap()
-            .expect("accepted");
-        let mut b = RailLink::accepted(ctx(&nb, &na, 1), conn);
+        let (mut a, mut b) = pair(0x11, "h");
         // bytes to `a` that it never reads
         let mut off = 0;
         while off < 100 {

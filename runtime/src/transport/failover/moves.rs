@@ -165,6 +165,7 @@ impl LinkState {
                         rail: r,
                         hdr: [0; HDR],
                         fill: 0,
+                        since: Instant::now(),
                     });
                     self.last_abort_check = Instant::now();
                     return Ok(());
@@ -213,6 +214,7 @@ impl LinkState {
                     rail,
                     hdr: [0; HDR],
                     fill: 0,
+                    since: Instant::now(),
                 });
             }
         }
@@ -265,6 +267,27 @@ impl LinkState {
         };
         match p.poll() {
             Ok(None) => {
+                let waited = p.since.elapsed();
+                if waited > answer_within(self.ctx.rail_timeout) {
+                    let ifname = self.ctx.ifname(p.rail);
+                    self.switching = None;
+                    let why = format!(
+                        "{}: moving to rail {ifname}{}, no answer from rank {} on {} for {:.1} s: \
+                         its process is stopped, or its end of this link is closed (its \
+                         communicator freed while a transfer was in flight)",
+                        self.ctx.who(),
+                        if self.why_moving.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", self.why_moving)
+                        },
+                        self.ctx.id.peer,
+                        self.ctx.peer_host,
+                        waited.as_secs_f64()
+                    );
+                    self.dead = Some((true, why.clone()));
+                    return Err(LinkError::PeerGone(why));
+                }
                 if self.last_abort_check.elapsed() > Duration::from_millis(500) {
                     self.last_abort_check = Instant::now();
                     if let Some(why) = self.ctx.abort.as_ref().and_then(|a| a()) {
@@ -511,6 +534,7 @@ impl LinkState {
                             rail: self.ctx.home,
                             hdr: [0; HDR],
                             fill: 0,
+                            since: Instant::now(),
                         });
                         self.last_abort_check = Instant::now();
                     }
