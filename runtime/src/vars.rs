@@ -110,7 +110,8 @@ pub const TIMEOUT: &str = "RAILRING_TIMEOUT";
 /// Seconds to reach the bootstrap store and data-plane peers. Set by the user; read by `config`.
 pub const CONNECT_TIMEOUT: &str = "RAILRING_CONNECT_TIMEOUT";
 /// Seconds a rail may carry data without any acknowledgement from the peer's host before its
-/// links move to another rail. Set by the user; read by `config`, used by `transport::failover`.
+/// links move to another rail (and, at least 2, that a move waits for the peer's answer). Set by
+/// the user; read by `config`, used by `transport::failover`.
 pub const RAIL_TIMEOUT: &str = "RAILRING_RAIL_TIMEOUT";
 /// Every N collective calls, print which ranks arrived last and how late. Set by the user; read
 /// by `config`, used by `comm::straggler`.
