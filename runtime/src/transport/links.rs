@@ -395,10 +395,14 @@ impl LinkTable {
             .sum()
     }
 
-    /// Tell every peer this rank is failing: raise the node's abort word and close every link.
+    /// Tell every peer this rank is failing: raise the node's abort word and close every link
+    /// at once (none lingers: `Link::abandon`).
     pub fn abort(&mut self) {
         if let Some(n) = &self.node {
             n.abort();
+        }
+        for l in self.map.values_mut() {
+            l.abandon();
         }
         self.map.clear();
     }

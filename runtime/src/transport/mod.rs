@@ -192,6 +192,9 @@ pub trait Link: Send {
             Ok(())
         }
     }
+    /// The communicator aborted: when dropped, close at once (peers are to notice now), even
+    /// with bytes the peer has not taken.
+    fn abandon(&mut self) {}
     /// Sleep until this link may progress (space to send if `send`, data to receive if `recv`)
     /// or `timeout` passes. Returns false when the link cannot sleep this way (poll its fd, or
     /// back off, instead).

@@ -408,6 +408,12 @@ impl Link for RailLink {
     fn heal(&mut self, needed: bool) -> Result<(), LinkError> {
         self.lock().heal(needed)
     }
+    fn abandon(&mut self) {
+        // failed for good: it owes nothing, so its drop closes it at once
+        self.lock()
+            .dead
+            .get_or_insert_with(|| (false, "the communicator aborted".into()));
+    }
 }
 
 #[cfg(test)]
@@ -451,6 +457,20 @@ mod tests {
             .unwrap()
             .expect("accepted");
         (a, RailLink::accepted(ctx(&nb, &na, 1, comm, tag), conn))
+    }
+
+    /// An aborting communicator's links close at once, owed bytes or not: its peers are to
+    /// notice now, not once their acknowledgements are in.
+    #[test]
+    fn an_abandoned_link_does_not_linger() {
+        let (mut a, _b) = pair(0x13, "x");
+        while a.try_send(&[5u8; 1000]).unwrap() < 1000 {}
+        assert!(a.retain(0, &[&[5u8; 1000]]));
+        assert!(a.acked() < 1000, "the peer read nothing yet");
+        let state = Arc::downgrade(&a.st);
+        a.abandon();
+        drop(a);
+        assert!(state.upgrade().is_none(), "the link lingers");
     }
 
     /// A move that the peer never answers (its end of the link closed: no link of its process
@@ -524,7 +544,9 @@ mod tests {
             sent += taken;
         }
         assert!(a.acked() < sent as u64, "the peer read nothing yet");
+        let state = Arc::downgrade(&a.st);
         drop(a);
+        assert!(state.upgrade().is_some(), "the dropped link lingers");
         // `b` now reads everything `a` sent, in order
         let mut got = vec![0u8; sent];
         let mut have = 0;
