@@ -268,6 +268,19 @@ const SMALL_REDUCE_MANY: usize = 16 << 10;
 /// 2 launches of 1704 / 1755 and 640 / 1935 (memcpy cycles 5x: the root switched out every few
 /// microseconds), 10 yields 352-585 / 231-350 µs and no slow launch.
 const OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS: u32 = 10;
+/// On a node with more ranks than CPUs, an out-of-place all-to-all that reads blocks of at
+/// least this many bytes straight from the peers' inputs sleeps as soon as its brief spin is
+/// over, without the yields in between: its waits (a partner still to start the call, partners
+/// still reading this rank's input) last as long as a peer's block copy, and a CPU left idle
+/// lets the scheduler move a waiting rank there at once, where a yielding rank keeps it busy
+/// until the next balancing tick. railperf alltoall -z 1 -n 40 -w 5, 4 ranks on 2 CPUs, medians
+/// of 8-10 interleaved launches in three series, out of place µs, 1000 yields (the
+/// oversubscribed default) against none (Open MPI in the same loop): 16 MiB 4034 / 3698 (3860),
+/// 4404 / 4281 (4024), 4124 / 3980 (3783); 8 MiB 1927 / 1793 (1807), 1846 / 1790 (1739), 1920 /
+/// 1877 (1734); 4 MiB (1 MiB blocks) 965 / 911 (993), 985 / 934 (1231), 921 / 981 (960); 128 KiB
+/// 29 / 43 (32). Below 2 MiB blocks the waits are short enough that a sleep's wake-up costs
+/// about what it frees (a host in a slow spell: the same code twice differed by up to 13 %).
+const CROWDED_ALLTOALL_SLEEP_MIN: usize = 2 << 20;
 
 /// A 64-bit digest of a call descriptor: equal descriptors give equal digests; a difference is
 /// then confirmed on the full descriptors.
@@ -312,8 +325,9 @@ pub struct ShmFabric {
     pub rank: usize,
     /// Spins, then yields, before sleeping on the bell; short when ranks outnumber CPUs.
     spin_limit: u32,
-    /// The yields of the current call's waits ([`Self::wait_all`]): `yield_default`, or
-    /// `broadcast_yields` in a staged broadcast.
+    /// The yields of the current call's waits ([`Self::wait_all`]): `yield_default`,
+    /// `broadcast_yields` in a staged broadcast, none in a crowded node's large out-of-place
+    /// all-to-all ([`CROWDED_ALLTOALL_SLEEP_MIN`]).
     yield_limit: u32,
     yield_default: u32,
     /// [`OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS`] on an oversubscribed node, else `yield_default`.
@@ -1284,6 +1298,9 @@ impl ShmFabric {
         if bounced {
             bounce.reserve(n);
         }
+        if self.oversubscribed && !in_place && n >= CROWDED_ALLTOALL_SLEEP_MIN {
+            self.yield_limit = 0;
+        }
         let m = l + (l % 2); // a bye for odd sizes
         let base = g << 24;
         let mut result = Ok(());
@@ -2252,6 +2269,14 @@ mod direct_tests {
     /// results checked element by element on every rank, and for each rank whether it read
     /// its peers' buffers directly (the pairwise path's progress word moved to this call).
     fn alltoall(crowded: bool, n: usize, in_place: fn(usize) -> bool) -> Vec<bool> {
+        alltoall_yields(crowded, n, in_place)
+            .into_iter()
+            .map(|(direct, _)| direct)
+            .collect()
+    }
+
+    /// [`alltoall`], with the yields each rank's waits allowed themselves in the call.
+    fn alltoall_yields(crowded: bool, n: usize, in_place: fn(usize) -> bool) -> Vec<(bool, u32)> {
         let l = 4;
         let tag = format!(
             "{crowded}-{n}-{}",
@@ -2276,7 +2301,10 @@ mod direct_tests {
                 let want = value(i / n, me, i % n);
                 assert_eq!(got, want, "rank {me} element {i}");
             }
-            fab.node.pairs(me).load(Ordering::Acquire) >> 24 == before + 1
+            (
+                fab.node.pairs(me).load(Ordering::Acquire) >> 24 == before + 1,
+                fab.yield_limit,
+            )
         })
     }
 
@@ -2321,6 +2349,22 @@ mod direct_tests {
         );
         // below it (already read directly): whatever the placement
         assert_eq!(alltoall(true, 16 << 10, |j| j == 2), [true; 4]);
+    }
+
+    /// A crowded node's out-of-place all-to-all with blocks from [`CROWDED_ALLTOALL_SLEEP_MIN`]
+    /// reads them directly and its waits sleep without yielding; smaller blocks, or in place,
+    /// keep the oversubscribed default. Exact everywhere.
+    #[test]
+    fn a_crowded_large_all_to_all_sleeps_without_yielding() {
+        let big = CROWDED_ALLTOALL_SLEEP_MIN / 4 + 3;
+        assert_eq!(alltoall_yields(true, big, |_| false), [(true, 0); 4]);
+        let small = CROWDED_ALLTOALL_SLEEP_MIN / 4 - 5;
+        assert!(alltoall_yields(true, small, |_| false)
+            .iter()
+            .all(|&(direct, yields)| direct && yields > 0));
+        assert!(alltoall_yields(true, big, |_| true)
+            .iter()
+            .all(|&(direct, yields)| !direct && yields > 0));
     }
 
     /// A staged all-to-all and all-gather large enough to write their results with streaming
