@@ -271,9 +271,11 @@ const OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS: u32 = 10;
 /// On a node with more ranks than CPUs, an out-of-place all-to-all that reads blocks of at
 /// least this many bytes straight from the peers' inputs sleeps as soon as its brief spin is
 /// over, without the yields in between: its waits (a partner still to start the call, partners
-/// still reading this rank's input) last as long as a peer's block copy, and a CPU left idle
-/// lets the scheduler move a waiting rank there at once, where a yielding rank keeps it busy
-/// until the next balancing tick. railperf alltoall -z 1 -n 40 -w 5, 4 ranks on 2 CPUs, medians
+/// still reading this rank's input) last as long as a peer's block copy, and a rank that yields
+/// through them keeps its fair share of the CPU it shares with a copying rank (railrun pins
+/// such ranks one CPU each, round-robin), so the scheduler keeps handing it turns the copy
+/// needs — as a staged broadcast's waiters did ([`OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS`]).
+/// A sleeping rank leaves that CPU to the copy. railperf alltoall -z 1 -n 40 -w 5, 4 ranks on 2 CPUs, medians
 /// of 8-10 interleaved launches in three series, out of place µs, 1000 yields (the
 /// oversubscribed default) against none (Open MPI in the same loop): 16 MiB 4034 / 3698 (3860),
 /// 4404 / 4281 (4024), 4124 / 3980 (3783); 8 MiB 1927 / 1793 (1807), 1846 / 1790 (1739), 1920 /
