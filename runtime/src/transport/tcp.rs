@@ -113,7 +113,7 @@ fn file_arrival(pending: &Pending, h: &Hello, s: TcpStream) {
 /// notice a peer's replacement connection with one load (`transport::failover`).
 static ARRIVALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// How many connections have arrived so far (see [`ARRIVALS`]).
+/// How many connections have arrived so far (see `ARRIVALS`).
 pub fn arrivals() -> u64 {
     ARRIVALS.load(std::sync::atomic::Ordering::Acquire)
 }

@@ -37,7 +37,7 @@
 //!
 //! **Closing.** A link dropped while the peer has not acknowledged everything (a communicator
 //! freed right after its last call) lingers on the keeper until the peer has taken those bytes,
-//! then closes after reading what is unread (see [`LINGER`]); the last link table of the
+//! then closes after reading what is unread (see `LINGER`); the last link table of the
 //! process waits for lingering links ([`settle`]).
 
 //!
@@ -298,7 +298,7 @@ fn linger_round() -> bool {
     l.is_empty()
 }
 
-/// Wait until every dropped link has delivered what it owed its peer (see [`LINGER`]; each
+/// Wait until every dropped link has delivered what it owed its peer (see `LINGER`; each
 /// link gives up at its own deadline). The last communicator of a process calls this as it is
 /// dropped, so a program that returns right after its last call loses nothing in flight.
 pub fn settle() {

@@ -26,7 +26,7 @@ const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// with `RAILRING_SHM_SINGLE_COPY` on and off: 16 KiB blocks 24-38 µs in place against 14).
 ///
 /// Where the node's ranks outnumber its CPUs the all-to-all stages unless the kernel copies
-/// fast (as timed at set-up: see [`SINGLE_COPY_ALLTOALL_MAX`]) or every rank was told
+/// fast (as timed at set-up: see `SINGLE_COPY_ALLTOALL_MAX`) or every rank was told
 /// `RAILRING_SHM_SINGLE_COPY=on` ([`Node::alltoall_single_min`]). On the VM these figures come
 /// from (a slow kernel copy) a reader often
 /// finds the partner whose buffer it needs descheduled, and the kernel's page-by-page copy is
@@ -36,7 +36,7 @@ const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// 137-145 µs against 37-46 / 32-37 (Open MPI 79-110 / 119-292), 256 KiB 223-328 / 306-1030
 /// against 152-169 / 114-124; 60 calls, 1 MiB 1859-2199 / 1289-3423 against 1559-2250 /
 /// 590-1498, 4 MiB 8829-10701 / 9268-11443 against 6897-9127 / 4792-5888. On 2 ranks (2 CPUs)
-/// the single copy stays below [`SINGLE_COPY_ALLTOALL_MAX`].
+/// the single copy stays below `SINGLE_COPY_ALLTOALL_MAX`.
 pub const SINGLE_COPY_ALLTOALL_MIN: usize = 32 << 10;
 /// ...and blocks under this many bytes: larger ones stage on any node. The staged all-to-all
 /// copies through slots that stay in the last-level cache, and since it does it beats the

@@ -238,7 +238,7 @@ pub fn sweep_stale(dir: &Path) -> usize {
 }
 
 /// The sweep of railrun's and its agents' teardown, once every process of job `job` (when one
-/// was started) on the node is dead: every file of that job ([`sweep_job`]), then other jobs'
+/// was started) on the node is dead: every file of that job (`sweep_job`), then other jobs'
 /// stale segments ([`sweep_stale`]). Returns how many were removed.
 pub fn sweep_after_job(dir: &Path, job: Option<&str>) -> usize {
     job.map_or(0, |j| sweep_job(dir, j)) + sweep_stale(dir)
