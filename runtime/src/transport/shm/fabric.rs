@@ -272,7 +272,7 @@ const OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS: u32 = 10;
 /// least this many bytes straight from the peers' inputs sleeps as soon as its brief spin is
 /// over, without the yields in between: its waits (a partner still to start the call, partners
 /// still reading this rank's input) last as long as a peer's block copy, and a rank that yields
-/// through them keeps its fair share of the CPU it shares with a copying rank (railrun pins
+/// through them keeps its fair share of the CPU it shares with a copying rank (set-up pins
 /// such ranks one CPU each, round-robin), so the scheduler keeps handing it turns the copy
 /// needs — as a staged broadcast's waiters did ([`OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS`]).
 /// A sleeping rank leaves that CPU to the copy. railperf alltoall -z 1 -n 40 -w 5, 4 ranks on 2 CPUs, medians
