@@ -18,6 +18,19 @@ const SLOT_FREE_AHEAD: u64 = NHDR as u64 / 2;
 const HAND_OVER_BOX: usize = 512;
 /// Calls moving at least this many bytes write results with streaming stores.
 const STREAM_MIN: usize = 8 << 20;
+
+/// Copy `n` bytes of a result from `src` to `dst`: with streaming stores when `stream` (a
+/// large out-of-place call: [`STREAM_MIN`]), else a plain copy.
+///
+/// # Safety
+/// As [`kernels::copy_streaming`].
+unsafe fn copy_result(dst: *mut u8, src: *const u8, n: usize, stream: bool) {
+    if stream {
+        kernels::copy_streaming(dst, src, n)
+    } else {
+        std::ptr::copy_nonoverlapping(src, dst, n)
+    }
+}
 /// Bytes of a small all-reduce carried inside the header line.
 const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// All-to-all calls whose blocks are at least this many bytes read peers' buffers directly when
@@ -275,12 +288,12 @@ const OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS: u32 = 10;
 /// through them keeps its fair share of the CPU it shares with a copying rank (set-up pins
 /// such ranks one CPU each, round-robin), so the scheduler keeps handing it turns the copy
 /// needs — as a staged broadcast's waiters did ([`OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS`]).
-/// A sleeping rank leaves that CPU to the copy. railperf alltoall -z 1 -n 40 -w 5, 4 ranks on 2 CPUs, medians
-/// of 8-10 interleaved launches in three series, out of place µs, 1000 yields (the
-/// oversubscribed default) against none (Open MPI in the same loop): 16 MiB 4034 / 3698 (3860),
-/// 4404 / 4281 (4024), 4124 / 3980 (3783); 8 MiB 1927 / 1793 (1807), 1846 / 1790 (1739), 1920 /
-/// 1877 (1734); 4 MiB (1 MiB blocks) 965 / 911 (993), 985 / 934 (1231), 921 / 981 (960); 128 KiB
-/// 29 / 43 (32). Below 2 MiB blocks the waits are short enough that a sleep's wake-up costs
+/// A sleeping rank leaves that CPU to the copy. railperf alltoall -z 1 -n 40 -w 5, 4 ranks on
+/// 2 CPUs, medians of 8-10 interleaved launches in three series, out of place µs, 1000 yields
+/// (the oversubscribed default) against none (Open MPI in the same loop): 16 MiB 4034 / 3698
+/// (3860), 4404 / 4281 (4024), 4124 / 3980 (3783); 8 MiB 1927 / 1793 (1807), 1846 / 1790
+/// (1739), 1920 / 1877 (1734); 4 MiB (1 MiB blocks) 965 / 911 (993), 985 / 934 (1231), 921 /
+/// 981 (960); 128 KiB 29 / 43 (32). Below 2 MiB blocks the waits are short enough that a sleep's wake-up costs
 /// about what it frees (a host in a slow spell: the same code twice differed by up to 13 %).
 const CROWDED_ALLTOALL_SLEEP_MIN: usize = 2 << 20;
 
@@ -647,13 +660,7 @@ impl ShmFabric {
         // all-gather 32 MiB 6507 -> 6311 (4 launches).
         let total: usize = slices.iter().map(|s| s.1).sum();
         let stream = total >= STREAM_MIN && !std::ptr::eq(src, work);
-        let copy_out = |d: *mut u8, s: *const u8, n: usize| {
-            if stream {
-                kernels::copy_streaming(d, s, n)
-            } else {
-                std::ptr::copy_nonoverlapping(s, d, n)
-            }
-        };
+        let copy_out = |d: *mut u8, s: *const u8, n: usize| copy_result(d, s, n, stream);
         let max_elems = max_slice / esz;
         let cap_elems = (piece_cap / esz).max(1);
         let nchunks = max_elems.div_ceil(cap_elems).max(1);
@@ -910,11 +917,7 @@ impl ShmFabric {
         if !std::ptr::eq(input, work) {
             let (o, n) = slices[me];
             let total: usize = slices.iter().map(|s| s.1).sum();
-            if total >= STREAM_MIN {
-                kernels::copy_streaming(work.add(o), input.wrapping_add(o), n);
-            } else {
-                std::ptr::copy_nonoverlapping(input.wrapping_add(o), work.add(o), n);
-            }
+            copy_result(work.add(o), input.wrapping_add(o), n, total >= STREAM_MIN);
         }
         if mode == NodeMode::AllToAll {
             return self.pairwise_all_to_all(g, call, staged);
@@ -1011,11 +1014,7 @@ impl ShmFabric {
                 self.node.ring_bell();
             } else if !std::ptr::eq(input, work) {
                 // (the root's children read its input: nobody waits for its `reduced`)
-                if n >= STREAM_MIN {
-                    kernels::copy_streaming(work.add(o), input.add(o), n);
-                } else {
-                    std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
-                }
+                copy_result(work.add(o), input.add(o), n, n >= STREAM_MIN);
             }
             let mut step = match (v, flat) {
                 (0, _) => 1,
@@ -1576,11 +1575,7 @@ impl ShmFabric {
             for j in (0..l).filter(|&j| j != me) {
                 let (o, n) = piece(c, j);
                 let from = node.chunk_area(j, s).add(j * piece_cap);
-                if stream {
-                    kernels::copy_streaming(work.add(o), from, n)
-                } else {
-                    std::ptr::copy_nonoverlapping(from, work.add(o), n)
-                }
+                copy_result(work.add(o), from, n, stream);
             }
         }
         if writev && !result {
