@@ -357,8 +357,9 @@ impl Inner {
     }
 
     /// [`Inner::exec`] for an out-of-place call whose work buffer starts as a copy of `src`.
-    /// Records how long the call took here; every `RAILRING_STRAGGLER` calls, the straggler
-    /// report (rank 0 prints it).
+    /// Records how long the call took here (small calls sampled unless the report is on: see
+    /// [`straggler`]); every `RAILRING_STRAGGLER` calls, the straggler report (rank 0 prints
+    /// it).
     pub(super) fn exec_from(
         &mut self,
         c: Shape,
@@ -366,11 +367,16 @@ impl Inner {
         input: &[u8],
         src: Option<&[u8]>,
     ) -> Result<()> {
-        let t0 = self.strag.now();
+        let every = self.world.cfg.straggler;
+        let timed = if !self.strag.internal && self.size > 1 {
+            self.strag
+                .start(c.count.saturating_mul(c.dtype.size()), every > 0)
+        } else {
+            None
+        };
         self.exec_call(c, work, input, src)?;
-        if !self.strag.internal && self.size > 1 {
+        if let Some(t0) = timed {
             self.strag.record_since(t0);
-            let every = self.world.cfg.straggler;
             if every > 0 && self.strag.calls.is_multiple_of(every) {
                 let rows = self.stragglers(every as usize)?;
                 if self.rank == 0 {

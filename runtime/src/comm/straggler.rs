@@ -15,7 +15,12 @@
 //! Timing costs two clock reads per call, so on a sub-microsecond call the clock matters: where
 //! the kernel itself keeps time with the CPU's time-stamp counter ([`machine::tsc_clock`]) the
 //! recorder reads the counter directly and converts ticks to microseconds only when durations
-//! are read out, at the rate measured against [`Instant`] since the recorder started.
+//! are read out, at the rate measured against [`Instant`] since the recorder started. Even so
+//! a read costs 17 ns on this project's VMs (a loop of them), and the two reads took a 2-rank
+//! 8 B reduce from 0.11 to 0.17 µs. So unless `RAILRING_STRAGGLER` asks for the report, calls
+//! of fewer than [`TIME_ALWAYS`] bytes are timed one in [`SAMPLE`] (by the count of calls,
+//! so every rank times the same calls and the durations still line up call by call); larger
+//! calls, and every call with the report on, are always timed.
 //!
 //! [`Communicator::stragglers`]: super::Communicator::stragglers
 
@@ -24,6 +29,11 @@ use std::time::Instant;
 
 /// Calls remembered per rank (the per-rank view covers at most this many recent calls).
 pub const WINDOW: usize = 4096;
+
+/// Calls of at least this many bytes are always timed: two clock reads are under 1 % of them.
+pub const TIME_ALWAYS: usize = 64 << 10;
+/// Smaller calls are timed one in this many when the report is off (see the module's comment).
+pub const SAMPLE: u64 = 16;
 
 /// The recorder's clock: time-stamp counter ticks, or nanoseconds since `t0`.
 struct Ticks {
@@ -71,6 +81,8 @@ pub(super) struct Recorder {
     durs: Vec<u64>,
     /// Calls recorded so far.
     pub calls: u64,
+    /// Calls started so far, timed or not (which ones are sampled).
+    started: u64,
     /// Calls made by the report itself are not recorded.
     pub internal: bool,
     clock: Ticks,
@@ -85,6 +97,7 @@ impl Recorder {
         Recorder {
             durs: Vec::new(),
             calls: 0,
+            started: 0,
             internal: false,
             clock: Ticks::new(tsc),
         }
@@ -94,6 +107,15 @@ impl Recorder {
     #[inline]
     pub fn now(&self) -> u64 {
         self.clock.now()
+    }
+
+    /// A call of `bytes` starts: the clock now if this call is timed — every call when `all`
+    /// (the report is on), else those of at least [`TIME_ALWAYS`] bytes and one in [`SAMPLE`]
+    /// of the others. Every rank makes the same calls, so every rank times the same ones.
+    #[inline]
+    pub fn start(&mut self, bytes: usize, all: bool) -> Option<u64> {
+        self.started += 1;
+        (all || bytes >= TIME_ALWAYS || self.started.is_multiple_of(SAMPLE)).then(|| self.now())
     }
 
     /// Record a call that started at `start` ([`Recorder::now`]).
@@ -322,5 +344,29 @@ mod tests {
         let us = r.last(1)[0];
         assert!((1900..20_000).contains(&us), "{us} us");
         assert!(analyze(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn small_calls_are_timed_one_in_sample_unless_the_report_is_on() {
+        // the report off: calls under TIME_ALWAYS bytes every SAMPLE-th call, by the count of
+        // calls (a large one in between counts too), larger ones always
+        let mut r = Recorder::with_tsc(false);
+        let sizes = |k: u64| {
+            if k.is_multiple_of(5) {
+                TIME_ALWAYS
+            } else {
+                TIME_ALWAYS - 1
+            }
+        };
+        let timed: Vec<u64> = (1..=4 * SAMPLE)
+            .filter(|&k| r.start(sizes(k), false).is_some())
+            .collect();
+        let want: Vec<u64> = (1..=4 * SAMPLE)
+            .filter(|&k| k.is_multiple_of(SAMPLE) || k.is_multiple_of(5))
+            .collect();
+        assert_eq!(timed, want);
+        // the report on: every call
+        let mut r = Recorder::with_tsc(false);
+        assert!((0..2 * SAMPLE).all(|_| r.start(8, true).is_some()));
     }
 }
