@@ -1674,6 +1674,7 @@ impl ShmFabric {
             if me != root {
                 return Ok(());
             }
+            self.fetch_peers(g, bytes);
             self.wait_flags("reduce (waiting for peers' data)", g, hdr, true)?;
             self.check_digests(g, desc, digest, describe)?;
             self.reduce_small_data(g, bytes, 0, bytes, dtype, op, work, Some(src));
@@ -1700,6 +1701,31 @@ impl ShmFabric {
         }
         std::ptr::copy_nonoverlapping(self.small_data(root, g, bytes), work, bytes);
         Ok(())
+    }
+
+    /// A small reduce's root, before it waits: start loading into its CPU's cache what it is
+    /// about to wait for and read — every peer's header line of generation `g` and, for data of
+    /// `bytes` outside the line (up to [`HAND_OVER_BOX`]), the box's lines, so their transfer
+    /// overlaps the line's (reading the box after seeing the line was a second cross-core
+    /// transfer in turn), and the peers' header lines of `g + 1`: the peers return without
+    /// waiting and run calls ahead of the root. Hints only: a line loaded before its writer
+    /// stores it is taken back by the store and read again after the flag is seen. railperf
+    /// reduce -n 100000 -z 1, medians of 6-8 interleaved launches, µs out of place, without
+    /// against with (Open MPI): 2 ranks 64 B 0.26 / 0.21 (0.27), 256 B 0.27 / 0.23 (0.39),
+    /// 512 B 0.26 / 0.22 (1.29); 4 ranks on 2 CPUs 32 B 0.59 / 0.46 (0.79), 64 B 0.61 / 0.49
+    /// (0.88), 512 B 0.91 / 0.69 (3.75). The symmetric small calls (all-reduce, all-gather,
+    /// all-to-all) measured the same or up to 10 % slower with it: their peers publish in step
+    /// with the reader, so a line it loads early is often one still to be written.
+    fn fetch_peers(&self, g: u64, bytes: usize) {
+        let me = self.node.me;
+        let boxed = bytes > SMALL_INLINE && bytes <= HAND_OVER_BOX;
+        for j in (0..self.local_size()).filter(|&j| j != me) {
+            super::hint::fetch(self.node.line(j, g), 1);
+            if boxed {
+                super::hint::fetch(self.node.small_box(j, g), bytes.div_ceil(64));
+            }
+            super::hint::fetch(self.node.line(j, g + 1), 1);
+        }
     }
 
     /// Where local rank `j`'s data of a small call of `bytes` in generation `g` lives: inside
