@@ -106,8 +106,9 @@ impl Communicator {
     }
     /// Who arrived last at the recent collective calls (up to [`straggler::WINDOW`]; calls
     /// under [`straggler::TIME_ALWAYS`] bytes sampled one in [`straggler::SAMPLE`] unless
-    /// `RAILRING_STRAGGLER` is set) and how late, one row per rank (see [`straggler`]). Collective: every rank must call it; it
-    /// exchanges each rank's call durations with one all-gather.
+    /// `RAILRING_STRAGGLER` is set) and how late, one row per rank (see [`straggler`]).
+    /// Collective: every rank must call it; it exchanges each rank's call durations with one
+    /// all-gather.
     pub fn stragglers(&self) -> Result<Vec<straggler::StragglerRow>> {
         self.blocking(|g| g.stragglers(straggler::WINDOW))
     }

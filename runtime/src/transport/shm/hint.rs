@@ -15,8 +15,8 @@
 //!   [`fetch`]): starts their transfers at once, so they overlap.
 //!
 //! All are hints: they change no memory and cannot fault. The first two run only where the CPU
-//! says it has them (CPUID; `prefetcht0` every x86-64 CPU has), and none but on x86-64. 2 ranks, 8 B broadcast: 0.09–0.10 µs a call
-//! without, 0.07 with (Open MPI 0.08).
+//! says it has them (CPUID; `prefetcht0` every x86-64 CPU has), and none but on x86-64. 2
+//! ranks, 8 B broadcast: 0.09–0.10 µs a call without the first two, 0.07 with (Open MPI 0.08).
 
 /// Which hints this CPU has (asked once).
 #[derive(Clone, Copy, Debug, Default)]
