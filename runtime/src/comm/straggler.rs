@@ -103,9 +103,9 @@ impl Recorder {
         }
     }
 
-    /// The clock now, for [`Recorder::record_since`].
+    /// The clock now (a timed call's start: [`Recorder::start`]).
     #[inline]
-    pub fn now(&self) -> u64 {
+    fn now(&self) -> u64 {
         self.clock.now()
     }
 
@@ -118,7 +118,7 @@ impl Recorder {
         (all || bytes >= TIME_ALWAYS || self.started.is_multiple_of(SAMPLE)).then(|| self.now())
     }
 
-    /// Record a call that started at `start` ([`Recorder::now`]).
+    /// Record a call that started at `start` (what [`Recorder::start`] returned).
     pub fn record_since(&mut self, start: u64) {
         self.record(self.clock.now().saturating_sub(start));
     }

@@ -31,6 +31,7 @@ unsafe fn copy_result(dst: *mut u8, src: *const u8, n: usize, stream: bool) {
         std::ptr::copy_nonoverlapping(src, dst, n)
     }
 }
+
 /// Bytes of a small all-reduce carried inside the header line.
 const SMALL_INLINE: usize = SMALL_HDR - 16;
 /// All-to-all calls whose blocks are at least this many bytes read peers' buffers directly when
@@ -293,8 +294,9 @@ const OVERSUBSCRIBED_STAGED_BROADCAST_YIELDS: u32 = 10;
 /// (the oversubscribed default) against none (Open MPI in the same loop): 16 MiB 4034 / 3698
 /// (3860), 4404 / 4281 (4024), 4124 / 3980 (3783); 8 MiB 1927 / 1793 (1807), 1846 / 1790
 /// (1739), 1920 / 1877 (1734); 4 MiB (1 MiB blocks) 965 / 911 (993), 985 / 934 (1231), 921 /
-/// 981 (960); 128 KiB 29 / 43 (32). Below 2 MiB blocks the waits are short enough that a sleep's wake-up costs
-/// about what it frees (a host in a slow spell: the same code twice differed by up to 13 %).
+/// 981 (960); 128 KiB 29 / 43 (32). Below 2 MiB blocks the waits are short enough that a
+/// sleep's wake-up costs about what it frees (a host in a slow spell: the same code twice
+/// differed by up to 13 %).
 const CROWDED_ALLTOALL_SLEEP_MIN: usize = 2 << 20;
 
 /// A 64-bit digest of a call descriptor: equal descriptors give equal digests; a difference is
