@@ -524,6 +524,84 @@ mod tests {
     }
 }
 
+/// Least bytes of a [`copy`] that may take the vector loop: glibc copies smaller ones with
+/// vector moves itself (its `rep movsb` starts above 2 KiB).
+pub const COPY_VECTOR_MIN: usize = 2 << 10;
+/// Bytes from which [`copy`] leaves every copy to `memcpy`: glibc stops using `rep movsb` below
+/// this (on AMD at its L2 size or under: a 512 KiB copy with the destination 16 bytes ahead ran
+/// 18.5 µs, as fast as aligned) and from its non-temporal threshold streams, which the loop does
+/// not.
+pub const COPY_VECTOR_MAX: usize = 1 << 20;
+
+/// Copy `n` bytes from `src` to `dst` (as `std::ptr::copy_nonoverlapping`), robust to how the
+/// two are placed within a cache line. glibc copies 2 KiB-256 KiB with `rep movsb`, which on
+/// AMD EPYC (Zen) runs at a sixteenth of its speed when the destination sits 1-31 bytes past
+/// the source modulo 64: 64 KiB in L2 took 22-36 µs (2.9 GB/s) against 1.3 µs aligned (49 GB/s)
+/// or 32-63 bytes apart (1.5-2.7 µs). Buffers from the heap (16-byte aligned: a Vec, a Python
+/// array) meet it by chance. A copy whose ends are not 64-byte congruent, from
+/// [`COPY_VECTOR_MIN`] to under [`COPY_VECTOR_MAX`] bytes, runs a vector loop instead
+/// (unaligned loads, stores aligned to the destination): 1.45 µs at 64 KiB however placed.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of `n` bytes; the ranges do not overlap.
+#[inline]
+pub unsafe fn copy(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if (COPY_VECTOR_MIN..COPY_VECTOR_MAX).contains(&n)
+        && (dst as usize).wrapping_sub(src as usize) & 63 != 0
+    {
+        return copy_vector(dst, src, n);
+    }
+    std::ptr::copy_nonoverlapping(src, dst, n)
+}
+
+/// [`copy`]'s vector loop: AVX where the CPU has it, else SSE2 (the x86_64 baseline).
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_vector(dst: *mut u8, src: *const u8, n: usize) {
+    // stores aligned to 32 bytes; the head up to there copied plainly (under 32 bytes)
+    let head = dst.align_offset(32).min(n);
+    std::ptr::copy_nonoverlapping(src, dst, head);
+    let body = (n - head) & !63;
+    let (d, s) = (dst.add(head), src.add(head));
+    if std::arch::is_x86_feature_detected!("avx") {
+        copy_lines_avx(d, s, body)
+    } else {
+        copy_lines_sse2(d, s, body)
+    }
+    std::ptr::copy_nonoverlapping(s.add(body), d.add(body), n - head - body);
+}
+
+/// Copy `n` bytes (a multiple of 64) to `dst` (16-byte aligned) with SSE2 moves.
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_lines_sse2(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_store_si128};
+    for k in (0..n).step_by(64) {
+        let (s, d) = (src.add(k), dst.add(k));
+        let a = _mm_loadu_si128(s as *const __m128i);
+        let b = _mm_loadu_si128(s.add(16) as *const __m128i);
+        let c = _mm_loadu_si128(s.add(32) as *const __m128i);
+        let e = _mm_loadu_si128(s.add(48) as *const __m128i);
+        _mm_store_si128(d as *mut __m128i, a);
+        _mm_store_si128(d.add(16) as *mut __m128i, b);
+        _mm_store_si128(d.add(32) as *mut __m128i, c);
+        _mm_store_si128(d.add(48) as *mut __m128i, e);
+    }
+}
+
+/// [`copy_lines_sse2`] with AVX moves (`dst` 32-byte aligned).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn copy_lines_avx(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_store_si256};
+    for k in (0..n).step_by(64) {
+        let (s, d) = (src.add(k), dst.add(k));
+        let a = _mm256_loadu_si256(s as *const __m256i);
+        let b = _mm256_loadu_si256(s.add(32) as *const __m256i);
+        _mm256_store_si256(d as *mut __m256i, a);
+        _mm256_store_si256(d.add(32) as *mut __m256i, b);
+    }
+}
+
 /// Copy `n` bytes at `src` to both `a` and `b`, reading the input once: blocks small enough for
 /// the first level cache are copied to `a`, then from there to `b`.
 ///
@@ -534,8 +612,8 @@ pub unsafe fn copy_twice(a: *mut u8, b: *mut u8, src: *const u8, n: usize) {
     let mut k = 0;
     while k < n {
         let m = (n - k).min(BLOCK);
-        std::ptr::copy_nonoverlapping(src.add(k), a.add(k), m);
-        std::ptr::copy_nonoverlapping(a.add(k), b.add(k), m);
+        copy(a.add(k), src.add(k), m);
+        copy(b.add(k), a.add(k), m);
         k += m;
     }
 }
@@ -670,6 +748,55 @@ mod streaming_tests {
                         assert!(dst[..off_d].iter().all(|&b| b == 0xAA));
                         assert!(dst[off_d + n..].iter().all(|&b| b == 0xAA));
                     }
+                }
+            }
+        }
+    }
+
+    /// `copy` at every placement of destination against source within a line (the vector loop
+    /// takes those not congruent), across its size limits, and nothing outside the range.
+    #[test]
+    fn copy_matches_for_every_placement_and_length() {
+        use super::{COPY_VECTOR_MAX, COPY_VECTOR_MIN};
+        let len = COPY_VECTOR_MAX + 256;
+        let src: Vec<u8> = (0..len as u32).map(|i| (i * 31 + 7) as u8).collect();
+        let mut dst = vec![0u8; len + 128];
+        let sizes = [
+            0,
+            1,
+            31,
+            COPY_VECTOR_MIN - 1,
+            COPY_VECTOR_MIN,
+            COPY_VECTOR_MIN + 1,
+            4096 + 13,
+            (64 << 10) + 5,
+            COPY_VECTOR_MAX - 1,
+            COPY_VECTOR_MAX,
+        ];
+        let s0 = src.as_ptr().align_offset(64);
+        let d0 = dst.as_ptr().align_offset(64);
+        for off_s in [0usize, 8, 16, 40] {
+            for skew in [0usize, 1, 16, 31, 32, 33, 48, 63] {
+                for n in sizes {
+                    let off_d = d0 + (off_s + skew) % 64;
+                    let from = s0 + off_s;
+                    if from + n > len {
+                        continue;
+                    }
+                    dst.fill(0xAA);
+                    unsafe { super::copy(dst.as_mut_ptr().add(off_d), src.as_ptr().add(from), n) };
+                    assert!(
+                        dst[off_d..off_d + n] == src[from..from + n],
+                        "s{off_s} skew {skew} n{n}"
+                    );
+                    assert!(
+                        dst[..off_d].iter().all(|&b| b == 0xAA),
+                        "s{off_s} skew {skew} n{n}"
+                    );
+                    assert!(
+                        dst[off_d + n..].iter().all(|&b| b == 0xAA),
+                        "s{off_s} skew {skew} n{n}"
+                    );
                 }
             }
         }

@@ -28,7 +28,7 @@ unsafe fn copy_result(dst: *mut u8, src: *const u8, n: usize, stream: bool) {
     if stream {
         kernels::copy_streaming(dst, src, n)
     } else {
-        std::ptr::copy_nonoverlapping(src, dst, n)
+        kernels::copy(dst, src, n)
     }
 }
 
@@ -722,14 +722,14 @@ impl ShmFabric {
                 NodeMode::AllGather => {
                     // (src may stand for a buffer holding only this rank's slice: see NodeOp)
                     let (o, n) = piece(me);
-                    std::ptr::copy_nonoverlapping(src.wrapping_add(o), mine.add(me * piece_cap), n);
+                    kernels::copy(mine.add(me * piece_cap), src.wrapping_add(o), n);
                 }
                 NodeMode::Broadcast { root } if me == root => {
                     let (o, n) = piece(0);
                     if fused(c) {
                         kernels::copy_twice(mine, work.add(o), src.add(o), n);
                     } else {
-                        std::ptr::copy_nonoverlapping(src.add(o), mine, n);
+                        kernels::copy(mine, src.add(o), n);
                     }
                 }
                 NodeMode::Broadcast { .. } => {}
@@ -737,7 +737,7 @@ impl ShmFabric {
                     // our own piece is read straight from `src` by the reduction below
                     for j in (0..l).filter(|&j| j != me) {
                         let (o, n) = piece(j);
-                        std::ptr::copy_nonoverlapping(src.add(o), mine.add(j * piece_cap), n);
+                        kernels::copy(mine.add(j * piece_cap), src.add(o), n);
                     }
                 }
             }
@@ -749,7 +749,7 @@ impl ShmFabric {
                 // staged (cached), copied while the peers copy it out
                 if me == root && !std::ptr::eq(src, work) && !fused(c) {
                     let (o, n) = piece(0);
-                    std::ptr::copy_nonoverlapping(mine, work.add(o), n);
+                    kernels::copy(work.add(o), mine, n);
                 }
             }
             if let NodeMode::Broadcast { root } = mode {
@@ -796,11 +796,7 @@ impl ShmFabric {
                 NodeMode::Broadcast { root } => {
                     if me != root {
                         let (o, n) = piece(0);
-                        std::ptr::copy_nonoverlapping(
-                            self.node.chunk_area(root, s),
-                            work.add(o),
-                            n,
-                        );
+                        kernels::copy(work.add(o), self.node.chunk_area(root, s), n);
                     }
                 }
                 NodeMode::AllToAll => {
@@ -890,7 +886,7 @@ impl ShmFabric {
             if let Some(piece_cap) = staged {
                 let mine = self.node.chunk_area(me, (g % NSLOT as u64) as usize);
                 for (j, &(o, n)) in slices.iter().enumerate().filter(|&(j, _)| j != me) {
-                    std::ptr::copy_nonoverlapping(input.add(o), mine.add(j * piece_cap), n);
+                    kernels::copy(mine.add(j * piece_cap), input.add(o), n);
                 }
             }
             (*(line.add(LINE_SPLIT) as *const AtomicU64))
@@ -1042,7 +1038,7 @@ impl ShmFabric {
         };
         if me == root {
             if !std::ptr::eq(input, work) {
-                std::ptr::copy_nonoverlapping(input.add(o), work.add(o), n);
+                kernels::copy(work.add(o), input.add(o), n);
             }
             let h = split(me);
             if h > 0 {
@@ -1254,7 +1250,7 @@ impl ShmFabric {
             } else {
                 kernels::reduce_many_raw(dtype, op, b, &srcs, k);
                 if keeps {
-                    std::ptr::copy_nonoverlapping(b, dst, k);
+                    kernels::copy(dst, b, k);
                 }
                 b
             };
@@ -1356,7 +1352,7 @@ impl ShmFabric {
                 if result.is_err() {
                     break;
                 }
-                std::ptr::copy_nonoverlapping(bounce.as_ptr(), work.add(slices[p].0), n);
+                kernels::copy(work.add(slices[p].0), bounce.as_ptr(), n);
             }
         }
         // Out of place, a rank did not wait for its partners' reads of its input: wait for
@@ -1422,7 +1418,7 @@ impl ShmFabric {
             return self.read_peer(j, g, dst, off, n);
         }
         let from = self.node.chunk_area(j, (g % NSLOT as u64) as usize);
-        std::ptr::copy_nonoverlapping(from.add(self.node.me * self.piece_cap()), dst, n);
+        kernels::copy(dst, from.add(self.node.me * self.piece_cap()), n);
         Ok(())
     }
 
@@ -1496,7 +1492,7 @@ impl ShmFabric {
             let mine = node.chunk_area(me, slot_of(c));
             for j in (0..l).filter(|&j| j != me) {
                 let (o, n) = piece(c, j);
-                std::ptr::copy_nonoverlapping(src.add(o), mine.add(j * piece_cap), n);
+                kernels::copy(mine.add(j * piece_cap), src.add(o), n);
             }
             node.ready(me).store(gen_of(c), Ordering::SeqCst);
             node.ring_bell();
@@ -1661,7 +1657,7 @@ impl ShmFabric {
         // root's data, a reduce's others' (its root reduces from its own input: SMALL_REDUCE).
         let writes = reduce != (me == root);
         if writes {
-            std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
+            kernels::copy(self.small_data(me, g, bytes), src, bytes);
         }
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
@@ -1684,7 +1680,7 @@ impl ShmFabric {
         }
         if me == root {
             if !std::ptr::eq(src, work) {
-                std::ptr::copy_nonoverlapping(src, work, bytes);
+                kernels::copy(work, src, bytes);
             }
             return Ok(());
         }
@@ -1701,7 +1697,7 @@ impl ShmFabric {
         if theirs != digest {
             self.check_desc_of(root, g, desc, describe)?;
         }
-        std::ptr::copy_nonoverlapping(self.small_data(root, g, bytes), work, bytes);
+        kernels::copy(work, self.small_data(root, g, bytes), bytes);
         Ok(())
     }
 
@@ -1775,7 +1771,7 @@ impl ShmFabric {
         let g = self.gen;
         // (the line, box or slot is free: see slot_free)
         let hdr = |j: usize| -> &AtomicU64 { &*(self.node.line(j, g) as *const AtomicU64) };
-        std::ptr::copy_nonoverlapping(src, self.small_data(me, g, bytes), bytes);
+        kernels::copy(self.small_data(me, g, bytes), src, bytes);
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
         if !self.oversubscribed {
@@ -1826,9 +1822,9 @@ impl ShmFabric {
         let (o, n) = slices[me];
         if mode == NodeMode::AllGather {
             // (src may stand for a buffer holding only this rank's slice: see NodeOp)
-            std::ptr::copy_nonoverlapping(src.wrapping_add(o), self.small_data(me, g, n), n);
+            kernels::copy(self.small_data(me, g, n), src.wrapping_add(o), n);
         } else {
-            std::ptr::copy_nonoverlapping(src.add(base), self.small_data(me, g, bytes), bytes);
+            kernels::copy(self.small_data(me, g, bytes), src.add(base), bytes);
         }
         let digest = self.publish_desc(g, desc, true);
         self.node.ring_bell();
@@ -1842,20 +1838,20 @@ impl ShmFabric {
                 for j in (0..l).filter(|&j| j != me) {
                     let (oj, nj) = slices[j];
                     let from = self.small_data(j, g, published(j));
-                    std::ptr::copy_nonoverlapping(from, work.add(oj), nj);
+                    kernels::copy(work.add(oj), from, nj);
                 }
                 if !std::ptr::eq(src, work) {
-                    std::ptr::copy_nonoverlapping(src.wrapping_add(o), work.add(o), n);
+                    kernels::copy(work.add(o), src.wrapping_add(o), n);
                 }
             }
             NodeMode::AllToAll => {
                 // peer j's block for this rank sits at this rank's offset in j's input
                 for j in (0..l).filter(|&j| j != me) {
                     let from = self.small_data(j, g, bytes).add(o - base);
-                    std::ptr::copy_nonoverlapping(from, work.add(slices[j].0), slices[j].1);
+                    kernels::copy(work.add(slices[j].0), from, slices[j].1);
                 }
                 if !std::ptr::eq(src, work) {
-                    std::ptr::copy_nonoverlapping(src.add(o), work.add(o), n);
+                    kernels::copy(work.add(o), src.add(o), n);
                 }
             }
             // reduce-scatter: this rank's piece of every rank's input
