@@ -511,6 +511,10 @@ impl Communicator {
             None
         };
         let fast = large.as_ref().is_some_and(|l| l.0);
+        if all {
+            // timed here, not in the first collective that copies between processes
+            crate::transport::shm::kernel_skew_slow();
+        }
         let staged_alltoall = crowded.filter(|_| !fast);
         node.set_single_copy(
             all,
