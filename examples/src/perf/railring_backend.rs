@@ -312,13 +312,12 @@ impl Backend for Railring {
                 None => self.comm.all_reduce_raw(out, dtype, op).map_err(e),
             },
             Coll::ReduceScatter => match input {
-                // out-of-place: reduce a copy of the input, keep this rank's block at the start
+                // out of place: this rank's block of the reduction at the start of `out`
                 Some(i) => {
-                    out.copy_from_slice(i);
-                    self.comm.reduce_scatter_raw(out, dtype, op).map_err(e)?;
                     let b = out.len() / n;
-                    out.copy_within(me * b..(me + 1) * b, 0);
-                    Ok(())
+                    self.comm
+                        .reduce_scatter_into_raw(i, &mut out[..b], dtype, op)
+                        .map_err(e)
                 }
                 None => self.comm.reduce_scatter_raw(out, dtype, op).map_err(e),
             },

@@ -639,11 +639,19 @@ impl Inner {
         }
         let mut work = std::mem::take(&mut self.inplace_copy);
         work.clear();
-        work.extend_from_slice(input);
+        work.reserve(input.len());
+        // SAFETY: `work` has room for `input` (reserved), which it does not overlap; the copy
+        // writes every byte before the length covers it. `kernels::copy`: heap buffers meet
+        // the placement glibc's copy is slow for.
+        unsafe {
+            kernels::copy(work.as_mut_ptr(), input.as_ptr(), input.len());
+            work.set_len(input.len());
+        }
         let r = self.reduce_scatter(&mut work, dtype, op);
         if r.is_ok() {
             let b = out.len();
-            out.copy_from_slice(&work[self.rank * b..(self.rank + 1) * b]);
+            // SAFETY: `out` holds `b` bytes and the block of `work` as many; distinct buffers.
+            unsafe { kernels::copy(out.as_mut_ptr(), work[self.rank * b..].as_ptr(), b) };
         }
         if work.capacity() <= INPLACE_KEEP {
             self.inplace_copy = work;
@@ -695,7 +703,9 @@ impl Inner {
             );
         }
         let me = self.rank;
-        out[me * input.len()..(me + 1) * input.len()].copy_from_slice(input);
+        let mine = &mut out[me * input.len()..(me + 1) * input.len()];
+        // SAFETY: `mine` and `input` have the same length and are distinct buffers
+        unsafe { kernels::copy(mine.as_mut_ptr(), input.as_ptr(), input.len()) };
         self.all_gather(out, dtype)
     }
 
