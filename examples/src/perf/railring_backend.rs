@@ -10,8 +10,9 @@
 //! place, all-reduce, all-gather, reduce and all-to-all go through their `*_into_start` calls,
 //! each on a pooled (input, output) pair whose input was copied once (an out-of-place call
 //! leaves it untouched), so the input is read where it is, as blocking calls read theirs;
-//! reduce-scatter and broadcast have no out-of-place form and work on a buffer that first gets
-//! a copy of the input, as their blocking calls here do. The last call's result is copied to
+//! reduce-scatter and broadcast have no out-of-place non-blocking form and work on a buffer
+//! that first gets a copy of the input (their blocking calls here go out of place:
+//! `reduce_scatter_into_raw`, `broadcast_into_raw`). The last call's result is copied to
 //! the output once per batch, so the checked run goes through this mode too.
 //! `sendrecv` has no non-blocking call: it is timed with blocking calls, and the table's
 //! header says so.
