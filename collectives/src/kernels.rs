@@ -566,29 +566,12 @@ unsafe fn copy_vector(dst: *mut u8, src: *const u8, n: usize) {
     if std::arch::is_x86_feature_detected!("avx") {
         copy_lines_avx(d, s, body)
     } else {
-        copy_lines_sse2(d, s, body)
+        lines_sse2::<false>(d, s, body)
     }
     std::ptr::copy_nonoverlapping(s.add(body), d.add(body), n - head - body);
 }
 
-/// Copy `n` bytes (a multiple of 64) to `dst` (16-byte aligned) with SSE2 moves.
-#[cfg(target_arch = "x86_64")]
-unsafe fn copy_lines_sse2(dst: *mut u8, src: *const u8, n: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_store_si128};
-    for k in (0..n).step_by(64) {
-        let (s, d) = (src.add(k), dst.add(k));
-        let a = _mm_loadu_si128(s as *const __m128i);
-        let b = _mm_loadu_si128(s.add(16) as *const __m128i);
-        let c = _mm_loadu_si128(s.add(32) as *const __m128i);
-        let e = _mm_loadu_si128(s.add(48) as *const __m128i);
-        _mm_store_si128(d as *mut __m128i, a);
-        _mm_store_si128(d.add(16) as *mut __m128i, b);
-        _mm_store_si128(d.add(32) as *mut __m128i, c);
-        _mm_store_si128(d.add(48) as *mut __m128i, e);
-    }
-}
-
-/// [`copy_lines_sse2`] with AVX moves (`dst` 32-byte aligned).
+/// [`lines_sse2`]'s plain moves with AVX (`dst` 32-byte aligned).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 unsafe fn copy_lines_avx(dst: *mut u8, src: *const u8, n: usize) {
@@ -665,32 +648,33 @@ unsafe fn copy_streaming_as(width: usize, dst: *mut u8, src: *const u8, n: usize
     if width == 64 {
         stream_lines_avx512(d, s, body)
     } else {
-        stream_lines_sse2(d, s, body)
+        lines_sse2::<true>(d, s, body)
     }
     std::ptr::copy_nonoverlapping(s.add(body), d.add(body), n - head - body);
     // streaming stores are weakly ordered: fence before anyone is told the data is there
     std::arch::x86_64::_mm_sfence();
 }
 
-/// Stream `n` bytes (a multiple of 64) to `dst` (16-byte aligned) with SSE2 stores, part of
-/// the x86_64 baseline.
+/// Copy `n` bytes (a multiple of 64) to `dst` (16-byte aligned) with SSE2, part of the x86_64
+/// baseline: streaming stores when `STREAM` ([`copy_streaming`]), else plain ones ([`copy`]).
 #[cfg(target_arch = "x86_64")]
-unsafe fn stream_lines_sse2(dst: *mut u8, src: *const u8, n: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+unsafe fn lines_sse2<const STREAM: bool>(dst: *mut u8, src: *const u8, n: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_store_si128, _mm_stream_si128};
     for k in (0..n).step_by(64) {
         let (s, d) = (src.add(k), dst.add(k));
-        let a = _mm_loadu_si128(s as *const __m128i);
-        let b = _mm_loadu_si128(s.add(16) as *const __m128i);
-        let c = _mm_loadu_si128(s.add(32) as *const __m128i);
-        let e = _mm_loadu_si128(s.add(48) as *const __m128i);
-        _mm_stream_si128(d as *mut __m128i, a);
-        _mm_stream_si128(d.add(16) as *mut __m128i, b);
-        _mm_stream_si128(d.add(32) as *mut __m128i, c);
-        _mm_stream_si128(d.add(48) as *mut __m128i, e);
+        let v = [0, 16, 32, 48].map(|o| _mm_loadu_si128(s.add(o) as *const __m128i));
+        for (o, v) in [0, 16, 32, 48].into_iter().zip(v) {
+            let at = d.add(o) as *mut __m128i;
+            if STREAM {
+                _mm_stream_si128(at, v)
+            } else {
+                _mm_store_si128(at, v)
+            }
+        }
     }
 }
 
-/// [`stream_lines_sse2`] with AVX-512 stores, one a line (`dst` 64-byte aligned).
+/// [`lines_sse2`]'s streaming stores with AVX-512, one a line (`dst` 64-byte aligned).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn stream_lines_avx512(dst: *mut u8, src: *const u8, n: usize) {
