@@ -413,8 +413,10 @@ fn self_read_secs(dst: &mut [u8], src: &[u8]) -> Option<f64> {
         iov_base: src.as_ptr() as *mut libc::c_void,
         iov_len: n,
     };
-    // SAFETY: getpid has no preconditions; both iovecs cover live buffers of this process.
-    let (pid, t) = (unsafe { libc::getpid() }, std::time::Instant::now());
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let t = std::time::Instant::now();
+    // SAFETY: both iovecs cover `n` bytes of live buffers of this process.
     let r = unsafe { libc::process_vm_readv(pid, &here, 1, &far, 1, 0) };
     let secs = t.elapsed().as_secs_f64();
     (r == n as isize).then_some(secs)
