@@ -14,6 +14,11 @@ pub fn layouts(n: usize) -> Vec<Layout> {
         Layout::single_node(n),
         Layout::block(n, 2),
         Layout::block(n, 4),
+        // one rank per node, in rank order and reversed (a flat reduce's layouts)
+        Layout::block(n, 1),
+        Layout {
+            nodes: (0..n).rev().map(|r| vec![r]).collect(),
+        },
     ];
     // Non-uniform: node sizes 1, 3, 2, 1, 3, 2, ... filled with a permutation of 0..n.
     let perm: Vec<usize> = (0..n).map(|i| (i * 5 + 3) % n).collect();
