@@ -137,7 +137,7 @@ pub(crate) fn reduce_in(
 ) -> Result<Plan, PlanError> {
     let rank = ctx.rank;
     ctx.check_root(root)?;
-    let t = if ctx.n <= FLAT_REDUCE_MAX && layout.nodes.len() == ctx.n {
+    let t = if ctx.n <= FLAT_REDUCE_MAX && layout.nodes.iter().all(|node| node.len() == 1) {
         flat(ctx, root)
     } else {
         tree(ctx, root)
