@@ -127,7 +127,9 @@ fn builder_of(kind: CollKind, algo: Algo) -> Result<BuildFn, PlanError> {
             |c, _, n, r| ring::broadcast_chunked_in(c, n, r, ring::broadcast_chunks(n))
         }
         (CollKind::Broadcast, Algo::TwoLevel) => |c, l, n, r| two_level::broadcast_in(c, l, n, r),
-        (CollKind::Reduce, Algo::Tree) => |c, l, n, r| tree::reduce_in(c, l, n, r),
+        (CollKind::Reduce, Algo::Tree) => {
+            |c, l, n, r| tree::reduce_in(c, tree::flat_reduce(l), n, r)
+        }
         (CollKind::Reduce, Algo::TwoLevel) => |c, l, n, r| two_level::reduce_in(c, l, n, r),
         (CollKind::AllToAll, Algo::Pairwise) => |c, _, n, _| pairwise::all_to_all_in(c, n),
         (CollKind::AllToAll, Algo::TwoLevel) => |c, l, n, _| two_level::all_to_all_in(c, l, n),

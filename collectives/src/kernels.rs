@@ -604,7 +604,7 @@ pub unsafe fn copy_twice(a: *mut u8, b: *mut u8, src: *const u8, n: usize) {
 /// Copy `n` bytes with non-temporal (streaming) stores where the CPU has them: the destination
 /// lines are written without first being read into the cache. For large copies into memory that
 /// is not cached (an out-of-place result buffer) this saves the read-for-ownership pass, about a
-/// third of the memory traffic. With AVX-512 one store writes a whole line ([`stream_width`]):
+/// third of the memory traffic. With AVX-512 one store writes a whole line (`stream_width`):
 /// 4 ranks on 2 CPUs, out of place, railperf -n 20 -z 1, medians of 4-6 launches against SSE2's
 /// four stores a line: all-to-all 32 MiB 11.5 ms against 13.6, all-reduce 32 MiB 15.6 against
 /// 17.5 (2 ranks: 16 MiB 2.84 against 3.03, 32 MiB 5.85 against 6.30); 16 MiB on 4 ranks within

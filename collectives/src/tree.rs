@@ -126,18 +126,27 @@ pub(crate) fn broadcast_in(ctx: &Ctx, count: usize, root: usize) -> Result<Plan,
 /// Binomial-tree reduce of `count` elements to `root` (non-root buffers are clobbered); flat
 /// over at most [`FLAT_REDUCE_MAX`] ranks that are each alone on their node.
 pub fn reduce(layout: &Layout, rank: usize, count: usize, root: usize) -> Result<Plan, PlanError> {
-    reduce_in(&LayoutIndex::new(layout)?.ctx(rank)?, layout, count, root)
+    let ctx = LayoutIndex::new(layout)?;
+    reduce_in(&ctx.ctx(rank)?, flat_reduce(layout), count, root)
 }
 
+/// Whether a reduce over `layout` is flat: at most [`FLAT_REDUCE_MAX`] ranks, each alone on its
+/// node.
+pub(crate) fn flat_reduce(layout: &Layout) -> bool {
+    layout.size() <= FLAT_REDUCE_MAX && layout.nodes.iter().all(|node| node.len() == 1)
+}
+
+/// `flat_tree`: every rank sends straight to the root ([`flat_reduce`]), else down the binomial
+/// tree.
 pub(crate) fn reduce_in(
     ctx: &Ctx,
-    layout: &Layout,
+    flat_tree: bool,
     count: usize,
     root: usize,
 ) -> Result<Plan, PlanError> {
     let rank = ctx.rank;
     ctx.check_root(root)?;
-    let t = if ctx.n <= FLAT_REDUCE_MAX && layout.nodes.iter().all(|node| node.len() == 1) {
+    let t = if flat_tree {
         flat(ctx, root)
     } else {
         tree(ctx, root)
