@@ -26,8 +26,8 @@ use crate::plan::{Algo, CollKind, Layout, Plan, Region, Step};
 /// the root reads several at once, where the binomial tree's forwarding rank sends each call's
 /// message alone as soon as its child's arrives. 4 emulated hosts x 1 rank on 2 vCPUs, railperf
 /// reduce back to back, medians of 8 launches, µs a call out of place / in place, tree -> flat
-/// (Open MPI in the flat series' loop): 64 B 13.95 / 14.2 -> 10.65 / 12.15 (16.25 / 16.15),
-/// 512 B 14.8 / 13.9 -> 11.55 / 11.55 (15.65 / 15.3). With more ranks the root's receives
+/// (Open MPI in the flat series' loop): 64 B 13.96 / 14.17 -> 11.02 / 12.72 (15.42 / 15.22),
+/// 512 B 14.80 / 13.89 -> 11.40 / 10.73 (15.57 / 15.31). With more ranks the root's receives
 /// outnumber the hops saved (8 ranks: 3-4x slower), so larger reduces keep the tree.
 pub const FLAT_REDUCE_MAX: usize = 4;
 
