@@ -126,14 +126,15 @@ pub(crate) fn broadcast_in(ctx: &Ctx, count: usize, root: usize) -> Result<Plan,
 /// Binomial-tree reduce of `count` elements to `root` (non-root buffers are clobbered); flat
 /// over at most [`FLAT_REDUCE_MAX`] ranks that are each alone on their node.
 pub fn reduce(layout: &Layout, rank: usize, count: usize, root: usize) -> Result<Plan, PlanError> {
-    let ctx = LayoutIndex::new(layout)?;
-    reduce_in(&ctx.ctx(rank)?, flat_reduce(layout), count, root)
+    let index = LayoutIndex::new(layout)?;
+    reduce_in(&index.ctx(rank)?, flat_reduce(layout), count, root)
 }
 
 /// Whether a reduce over `layout` is flat: at most [`FLAT_REDUCE_MAX`] ranks, each alone on its
 /// node.
 pub(crate) fn flat_reduce(layout: &Layout) -> bool {
-    layout.size() <= FLAT_REDUCE_MAX && layout.nodes.iter().all(|node| node.len() == 1)
+    // as many nodes as ranks, each of one: no sum over a large layout's nodes per plan built
+    layout.nodes.len() <= FLAT_REDUCE_MAX && layout.nodes.iter().all(|node| node.len() == 1)
 }
 
 /// `flat_tree`: every rank sends straight to the root ([`flat_reduce`]), else down the binomial
