@@ -128,16 +128,19 @@ impl Sink {
         }
     }
 
-    /// One file `dir/rank.N.out` per rank (created now, truncated), holding stdout and stderr lines.
+    /// One file `dir/rank.N.out` per rank (created now, truncated), holding stdout and stderr
+    /// lines. `dir` is made (mode 0700) when missing and must otherwise be a directory of this
+    /// user, not a link; each file is this user's, mode 0600, never written through a link, a
+    /// FIFO or a hard link ([`railring::private_fs`]).
     pub fn dir(dir: &Path, world: usize, tag: bool) -> io::Result<Sink> {
-        std::fs::create_dir_all(dir).map_err(|e| {
+        railring::private_fs::own_dir(dir).map_err(|e| {
             io::Error::new(e.kind(), format!("--output-dir {}: {e}", dir.display()))
         })?;
         let mut files = Vec::with_capacity(world);
         for r in 0..world {
             let p = dir.join(format!("rank.{r}.out"));
-            let f = File::create(&p)
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
+            let f = railring::private_fs::create_or_truncate(&p)
+                .map_err(|e| io::Error::new(e.kind(), format!("--output-dir: {e}")))?;
             files.push(Mutex::new(Some(f)));
         }
         Ok(Sink {

@@ -151,6 +151,9 @@ pub mod hostlist;
 // Hidden: this machine's identity, shared with railrun.
 #[doc(hidden)]
 pub mod machine;
+// Hidden: private files in shared directories (segments, rank output), shared with railrun.
+#[doc(hidden)]
+pub mod private_fs;
 // Hidden: the bootstrap store, served by railrun.
 #[doc(hidden)]
 pub mod store;

@@ -386,7 +386,6 @@ impl Communicator {
         crowded: Option<(usize, u32)>,
     ) -> Result<Arc<Node>> {
         let key = format!("{:x}", fnv(&[host_id.as_bytes()]));
-        let path = segment_path(job, comm, &key);
         let geo = Geometry {
             local_size: local.len(),
             // the knob counts the data a slot holds; its header line comes on top, so the
@@ -395,28 +394,47 @@ impl Communicator {
             ring_bytes: 256 << 10,
         };
         let rank = local[me];
-        let shm_err = |what: &str, e: std::io::Error| Error::Shm {
+        let shm_err = |what: &str, path: &std::path::Path, e: std::io::Error| Error::Shm {
             rank,
             what: format!("{what} {}", path.display()),
             err: e,
         };
+        // The node's first rank picks the segment's name at random and tells the others
+        // through the store (another user can neither predict nor take it first).
         let ready = format!("c{comm:x}/shm/{key}");
-        let node = if me == 0 {
-            let _ = std::fs::remove_file(&path);
+        let (node, path) = if me == 0 {
+            let tag = crate::transport::shm::segment_tag().map_err(|e| Error::Shm {
+                rank,
+                what: "choosing a shared-memory segment name".into(),
+                err: e,
+            })?;
+            let path = segment_path(job, comm, &key, &tag);
             let n = Node::open(&path, geo, local.to_vec(), me, machine::hostname(), true)
-                .map_err(|e| shm_err("creating", e))?;
-            store.set(&ready, b"1")?;
-            n
+                .map_err(|e| shm_err("creating", &path, e))?;
+            store.set(&ready, tag.as_bytes())?;
+            (n, path)
         } else {
-            await_rank(
+            let tag = await_rank(
                 store,
                 &ready,
                 (rank, local[0]),
                 cfg.timeout,
                 "shared-memory setup",
             )?;
-            Node::open(&path, geo, local.to_vec(), me, machine::hostname(), false)
-                .map_err(|e| shm_err("opening", e))?
+            if !crate::transport::shm::valid_tag(&tag) {
+                return Err(Error::Shm {
+                    rank,
+                    what: "opening the node's shared-memory segment".into(),
+                    err: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "the store holds no valid segment name",
+                    ),
+                });
+            }
+            let path = segment_path(job, comm, &key, &String::from_utf8_lossy(&tag));
+            let n = Node::open(&path, geo, local.to_vec(), me, machine::hostname(), false)
+                .map_err(|e| shm_err("opening", &path, e))?;
+            (n, path)
         };
         // The last rank to map the segment removes its name: nothing is left in /dev/shm.
         if store.add(&format!("c{comm:x}/shm-mapped/{key}"), 1)? == local.len() as i64 {
@@ -1103,8 +1121,15 @@ mod stall_tests {
         // comm ranks 4 and 6 share the node; the other one never comes
         let r = Communicator::setup_shm(&store, 0x77, job, &[4, 6], me, "h", &cfg, None);
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        // the leader's segment (its name is random): every file of this test's job
         let key = format!("{:x}", fnv(&[b"h"]));
-        let _ = std::fs::remove_file(segment_path(job, 0x77, &key));
+        let prefix = segment_path(job, 0x77, &key, "");
+        let prefix = prefix.file_name().unwrap().to_string_lossy().into_owned();
+        for e in std::fs::read_dir("/dev/shm").into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         r.err()
             .expect("set-up without the node's other rank must fail")
     }

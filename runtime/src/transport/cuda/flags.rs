@@ -76,36 +76,46 @@ fn fnv(s: &str) -> u64 {
     h
 }
 
-/// Where a node's GPU flag segment lives.
-pub fn flags_path(job: &str, comm: u64, epoch: u64, host_id: &str) -> PathBuf {
-    let job: String = job
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .take(32)
-        .collect();
+/// Where a node's GPU flag segment lives: its `tag` is random, chosen by local rank 0 and
+/// published through the job's store, so no other user can predict or take the name.
+pub fn flags_path(job: &str, comm: u64, epoch: u64, host_id: &str, tag: &str) -> PathBuf {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(32)
+            .collect()
+    };
     PathBuf::from(format!(
-        "/dev/shm/railring-gpu-{job}-{comm:x}-{epoch}-{:x}",
-        fnv(host_id)
+        "/dev/shm/railring-gpu-{}-{comm:x}-{epoch}-{:x}-{}",
+        clean(job),
+        fnv(host_id),
+        clean(tag)
     ))
 }
 
 pub(super) fn open_flags(s: &FabricSetup<'_>, l: usize) -> Result<FlagSeg> {
     let rank = s.local[s.me];
-    let path = flags_path(s.job, s.comm, s.epoch, s.host_id);
     let prefix = s.prefix();
-    let err = |what: &str, e: io::Error| Error::Shm {
+    let err = |what: &str, path: &std::path::Path, e: io::Error| Error::Shm {
         rank,
         what: format!("{what} {}", path.display()),
         err: e,
     };
-    let seg = if s.me == 0 {
-        let _ = std::fs::remove_file(&path);
-        let f = FlagSeg::map(&path, l, true).map_err(|e| err("creating", e))?;
-        s.store.set(&format!("{prefix}/flags"), b"1")?;
-        f
+    let (seg, path) = if s.me == 0 {
+        let tag = crate::transport::shm::segment_tag()
+            .map_err(|e| err("choosing a name for", std::path::Path::new("/dev/shm"), e))?;
+        let path = flags_path(s.job, s.comm, s.epoch, s.host_id, &tag);
+        let f = FlagSeg::map(&path, l, true).map_err(|e| err("creating", &path, e))?;
+        s.store.set(&format!("{prefix}/flags"), tag.as_bytes())?;
+        (f, path)
     } else {
-        s.store.get(&format!("{prefix}/flags"), s.timeout)?;
-        FlagSeg::map(&path, l, false).map_err(|e| err("opening", e))?
+        let tag = s.store.get(&format!("{prefix}/flags"), s.timeout)?;
+        let path = flags_path(s.job, s.comm, s.epoch, s.host_id, &String::from_utf8_lossy(&tag));
+        if !crate::transport::shm::valid_tag(&tag) {
+            let bad = io::Error::new(io::ErrorKind::InvalidData, "no valid name in the store");
+            return Err(err("opening", &path, bad));
+        }
+        (FlagSeg::map(&path, l, false).map_err(|e| err("opening", &path, e))?, path)
     };
     if s.store.add(&format!("{prefix}/flags-mapped"), 1)? == l as i64 {
         let _ = std::fs::remove_file(&path);
@@ -119,10 +129,12 @@ mod tests {
 
     #[test]
     fn flag_paths_are_clean() {
-        let p = flags_path("job/../x y", 0x1f, 7, "host-a");
+        let p = flags_path("job/../x y", 0x1f, 7, "host-a", "0a/1");
         let s = p.to_string_lossy();
         assert!(s.starts_with("/dev/shm/railring-gpu-jobxy-1f-7-"), "{s}");
-        assert_ne!(flags_path("j", 1, 1, "a"), flags_path("j", 1, 1, "b"));
+        assert!(s.ends_with("-0a1"), "{s}");
+        assert_ne!(flags_path("j", 1, 1, "a", "t"), flags_path("j", 1, 1, "b", "t"));
+        assert_ne!(flags_path("j", 1, 1, "a", "t"), flags_path("j", 1, 1, "a", "u"));
     }
 
     #[test]

@@ -31,7 +31,6 @@ pub use fabric::{ShmFabric, SINGLE_COPY_ALLTOALL_MIN};
 pub use link::ShmLink;
 
 use super::DESC;
-use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -94,13 +93,12 @@ impl Segment {
 
     /// Create (`create`: new file, zero-filled) or open a file of at least `len` bytes and map
     /// it shared, read-write.
+    /// Created files are private to this user (mode 0600, `O_EXCL`, never through a link);
+    /// an opened one must be a regular file of this user (`private_fs::open_own`: a FIFO or
+    /// another user's file under the name is refused, never blocked on).
     pub(crate) fn map(path: &Path, len: usize, create: bool) -> std::io::Result<Segment> {
         let f = if create {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(path)?;
+            let f = crate::private_fs::create_new(path)?;
             // Reserve every page now: a sparse file on a full tmpfs maps fine and then kills
             // the process with SIGBUS in the middle of a collective.
             if let Err(e) = reserve(&f, len) {
@@ -109,7 +107,7 @@ impl Segment {
             }
             f
         } else {
-            let f = OpenOptions::new().read(true).write(true).open(path)?;
+            let f = crate::private_fs::open_own(path, true)?;
             let have = f.metadata()?.len();
             if have < len as u64 {
                 return Err(std::io::Error::new(
@@ -195,11 +193,25 @@ fn statvfs(dir: &Path) -> Option<(u64, u64)> {
     Some((st.f_blocks as u64 * f, st.f_bavail as u64 * f))
 }
 
-/// Where the creator of `path` builds it before renaming it into place.
-fn init_path(path: &Path) -> PathBuf {
-    let mut p = path.as_os_str().to_owned();
-    p.push(format!(".init-{}", std::process::id()));
-    PathBuf::from(p)
+/// Where the creator of `path` builds it before renaming it into place:
+/// `railring-<job>-<random>.init-<pid>` beside it. The random part is not the final name's, so
+/// another user who sees the file being built learns nothing that lets them take the final
+/// name first; the job prefix lets the job's teardown sweep find it.
+fn init_path(path: &Path) -> std::io::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // railring-<job>-<comm>-<node>-<tag>: keep `railring-<job>-`
+    let job = name
+        .strip_prefix("railring-")
+        .and_then(|r| r.split('-').next())
+        .unwrap_or("x");
+    let tag = crate::private_fs::random_hex(8)?;
+    Ok(path.with_file_name(format!(
+        "railring-{job}-{tag}.init-{}",
+        std::process::id()
+    )))
 }
 
 /// This process's PID namespace (the inode of `/proc/self/ns/pid`; 0 when unknown): pids in a
@@ -229,6 +241,11 @@ pub fn sweep_stale(dir: &Path) -> usize {
             continue;
         }
         let path = e.path();
+        // Only this user's regular files: never open (or wait on) a FIFO, device or another
+        // user's file that happens to carry the prefix.
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| crate::private_fs::is_own_file(&m)) {
+            continue;
+        }
         if is_stale(&path, ours) && std::fs::remove_file(&path).is_ok() {
             tracing::info!(target: "railring::init", "removed a stale shared-memory segment {}", path.display());
             removed += 1;
@@ -262,6 +279,7 @@ fn sweep_job(dir: &Path, job: &str) -> usize {
         let name = e.file_name();
         let name = name.to_string_lossy();
         if mine.iter().any(|p| name.starts_with(p.as_str()))
+            && std::fs::symlink_metadata(e.path()).is_ok_and(|m| crate::private_fs::is_own_file(&m))
             && std::fs::remove_file(e.path()).is_ok()
         {
             tracing::info!(target: "railring::init", "removed the job's shared-memory file {name}");
@@ -273,7 +291,8 @@ fn sweep_job(dir: &Path, job: &str) -> usize {
 
 fn is_stale(path: &Path, ours: u64) -> bool {
     use std::io::Read;
-    let Ok(mut f) = std::fs::File::open(path) else {
+    // Non-blocking, no link, and checked to be this user's regular file on the descriptor.
+    let Ok(mut f) = crate::private_fs::open_own(path, false) else {
         return false;
     };
     let Ok(meta) = f.metadata() else {
@@ -537,12 +556,12 @@ impl Node {
         if create {
             sweep_stale(path.parent().unwrap_or(Path::new("/dev/shm")));
         }
-        // The creator builds the segment under a name of its own (`<name>.init-<pid>`) and
+        // The creator builds the segment under a name of its own ([`init_path`]) and
         // renames it into place once its header and pid are written: a crash while reserving
         // or initialising leaves a file the sweep recognises by its dead creator's pid, and
         // a peer never opens a half-made segment.
-        let init = init_path(path);
-        let seg = Segment::map(if create { &init } else { path }, geo.total(), create)?;
+        let init = if create { init_path(path)? } else { path.to_path_buf() };
+        let seg = Segment::map(&init, geo.total(), create)?;
         let node = Node {
             seg,
             geo,
@@ -580,7 +599,7 @@ impl Node {
         }
         node.pid(me).store(std::process::id(), Ordering::Release);
         if create {
-            if let Err(e) = std::fs::rename(&init, path) {
+            if let Err(e) = crate::private_fs::rename_new(&init, path) {
                 let _ = std::fs::remove_file(&init);
                 return Err(e);
             }
@@ -991,14 +1010,32 @@ fn probe_token() -> u64 {
     h | 1
 }
 
-/// Where a node segment lives: `/dev/shm/railring-<job>-<comm>-<node>`.
-pub fn segment_path(job: &str, comm: u64, node_key: &str) -> PathBuf {
-    let clean: String = node_key
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .take(24)
-        .collect();
-    PathBuf::from(format!("/dev/shm/railring-{job}-{comm:x}-{clean}"))
+/// Where a node segment lives: `/dev/shm/railring-<job>-<comm>-<node>-<tag>`, where `tag` is
+/// the random name its creator chose ([`segment_tag`]) and published to the node's other ranks
+/// through the job's authenticated store: nobody outside the job can predict the name, so
+/// nobody can take it first.
+pub fn segment_path(job: &str, comm: u64, node_key: &str, tag: &str) -> PathBuf {
+    let clean = |s: &str, n: usize| -> String {
+        s.chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(n)
+            .collect()
+    };
+    PathBuf::from(format!(
+        "/dev/shm/railring-{job}-{comm:x}-{}-{}",
+        clean(node_key, 24),
+        clean(tag, 32)
+    ))
+}
+
+/// A new random segment tag (16 hex digits from the kernel's random source).
+pub fn segment_tag() -> std::io::Result<String> {
+    crate::private_fs::random_hex(8)
+}
+
+/// Whether `tag`, read from the store, is one [`segment_tag`] could have made.
+pub fn valid_tag(tag: &[u8]) -> bool {
+    tag.len() == 16 && tag.iter().all(u8::is_ascii_hexdigit)
 }
 
 #[cfg(test)]
