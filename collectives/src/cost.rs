@@ -66,6 +66,9 @@ impl Default for CostModel {
     }
 }
 
+/// Most rails (NICs) per node a cost model takes (`rails`): more than any machine has.
+pub const MAX_RAILS: usize = 64;
+
 /// Keys accepted by [`CostModel::set`].
 pub const COST_KEYS: [&str; 6] = [
     "local_alpha",
@@ -95,7 +98,7 @@ impl CostModel {
     }
 
     /// Overrides one field by name (see [`COST_KEYS`]): `local_alpha` / `net_alpha` in seconds
-    /// (≥ 0), `local_beta` / `net_beta` / `reduce_bw` in bytes per second (> 0), `rails` (≥ 1).
+    /// (≥ 0), `local_beta` / `net_beta` / `reduce_bw` in bytes per second (> 0), `rails` (a whole number, 1 to [`MAX_RAILS`]).
     pub fn set(&mut self, key: &str, value: f64) -> Result<(), String> {
         if !value.is_finite() || value < 0.0 {
             return Err(format!(
@@ -115,7 +118,14 @@ impl CostModel {
             "local_beta" => self.local.beta = positive(value)?,
             "net_beta" => self.net.beta = positive(value)?,
             "reduce_bw" => self.reduce_bw = positive(value)?,
-            "rails" => self.rails = positive(value)?.round().max(1.0) as usize,
+            "rails" => {
+                if value.fract() != 0.0 || !(1.0..=MAX_RAILS as f64).contains(&value) {
+                    return Err(format!(
+                        "cost rails = {value}: expected a whole number of rails from 1 to {MAX_RAILS}"
+                    ));
+                }
+                self.rails = value as usize
+            }
             _ => {
                 return Err(format!(
                     "unknown cost parameter '{key}' (expected one of {})",

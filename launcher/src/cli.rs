@@ -160,9 +160,15 @@ fn parse_count(opt: &str, v: &str) -> Result<usize, CliError> {
 /// Parse seconds (may be fractional): > 0 and at most ~115 days.
 pub fn parse_secs(opt: &str, v: &str) -> Result<Duration, CliError> {
     match v.trim().parse::<f64>() {
-        Ok(s) if s.is_finite() && s > 0.0 && s <= 1e7 => Ok(Duration::from_secs_f64(s)),
-        _ => err(format!(
+        Ok(s) if s > 0.0 && s <= 1e7 => Ok(Duration::from_secs_f64(s)),
+        Ok(s) if s > 1e7 => err(format!(
+            "{opt} `{v}`: {v} is more than the maximum 10000000 s (about 115 days)"
+        )),
+        Ok(s) if s <= 0.0 => err(format!(
             "{opt} `{v}`: expected a number of seconds greater than 0"
+        )),
+        _ => err(format!(
+            "{opt} `{v}`: expected a number of seconds greater than 0 (at most 10000000)"
         )),
     }
 }

@@ -197,17 +197,8 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::
 /// The heartbeat limit `RAILRUN_HEARTBEAT` asks for (seconds, 1..=3600; default
 /// [`DEFAULT_HEARTBEAT_TIMEOUT`]); `Err` names the variable and the value for a bad one.
 pub fn heartbeat_timeout(value: Option<&str>) -> Result<std::time::Duration, String> {
-    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(DEFAULT_HEARTBEAT_TIMEOUT);
-    };
-    match v.parse::<f64>() {
-        Ok(s) if s.is_finite() && (1.0..=3600.0).contains(&s) => {
-            Ok(std::time::Duration::from_secs_f64(s))
-        }
-        _ => Err(format!(
-            "RAILRUN_HEARTBEAT=`{v}` is not a number of seconds between 1 and 3600"
-        )),
-    }
+    railring::knobs::knob(railring::knobs::RAILRUN_HEARTBEAT)
+        .seconds(value, DEFAULT_HEARTBEAT_TIMEOUT)
 }
 
 /// When one side of a launcher–agent channel last heard anything from the other (every frame
@@ -595,6 +586,8 @@ mod tests {
     fn heartbeat_knob() {
         use std::time::Duration;
         assert_eq!(heartbeat_timeout(None), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
+        let declared = railring::knobs::knob(railring::knobs::RAILRUN_HEARTBEAT).default_seconds();
+        assert_eq!(DEFAULT_HEARTBEAT_TIMEOUT, declared, "the agent's default is the declared one");
         assert_eq!(heartbeat_timeout(Some(" ")), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
         assert_eq!(
             heartbeat_timeout(Some("2.5")),

@@ -11,12 +11,7 @@ use railring_collectives::plan::Algo;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Most TCP connections one link may be striped over (`RAILRING_NET_STREAMS`).
-pub const MAX_STREAMS: usize = 16;
-
-/// Largest `RAILRING_NET_CHUNK` (256 MiB): a larger chunk only costs memory (each call's staging
-/// is also bounded by the call's size).
-pub const MAX_NET_CHUNK: u64 = 256 << 20;
+pub use crate::knobs::{MAX_NET_CHUNK, MAX_STREAMS};
 
 /// Runtime settings from the environment.
 #[derive(Clone, Debug)]
@@ -124,65 +119,66 @@ fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-fn parse_num(name: &str, default: u64, min: u64, max: u64) -> Result<u64> {
-    match var(name) {
-        None => Ok(default),
-        Some(v) => {
-            let n = parse_size(&v).ok_or_else(|| Error::Env {
-                var: name.into(),
-                value: v.clone(),
-                why: "expected a number (K/M/G suffixes allowed)".into(),
-            })?;
-            if n < min || n > max {
-                return Err(Error::Env {
-                    var: name.into(),
-                    value: v,
-                    why: format!("must be between {min} and {max}"),
-                });
-            }
-            Ok(n)
-        }
+/// A number knob (declared in [`crate::knobs::KNOBS`]): its value, or the declared default.
+fn num(name: &str) -> Result<u64> {
+    let v = var(name);
+    let k = crate::knobs::knob(name);
+    k.number(v.as_deref(), k.default_number())
+        .map_err(|why| env_err(name, v, why))
+}
+
+/// A seconds knob (declared in [`crate::knobs::KNOBS`]): its value, or the declared default.
+fn secs(name: &str) -> Result<Duration> {
+    let v = var(name);
+    let k = crate::knobs::knob(name);
+    k.seconds(v.as_deref(), k.default_seconds())
+        .map_err(|why| env_err(name, v, why))
+}
+
+/// The error for knob `name` set to `value`: `why` from the declaration names both already,
+/// so only its reason is kept after the variable.
+fn env_err(name: &str, value: Option<String>, why: String) -> Error {
+    let why = why
+        .split_once("`: ")
+        .map(|(_, w)| w.to_string())
+        .unwrap_or(why);
+    Error::Env {
+        var: name.into(),
+        value: value.unwrap_or_default(),
+        why,
     }
 }
 
-/// The `tracing` filter `RAILRING_DEBUG` and `RAILRING_DEBUG_SUBSYS` ask for.
-fn log_filter() -> String {
-    let level = var(vars::DEBUG)
-        .unwrap_or_else(|| "WARN".into())
+/// The `tracing` filter `RAILRING_DEBUG` and `RAILRING_DEBUG_SUBSYS` ask for; a level that is
+/// none of the declared words is an error (not a silent WARN).
+fn log_filter() -> Result<String> {
+    let v = var(vars::DEBUG);
+    let level = crate::knobs::knob(vars::DEBUG)
+        .choice(v.as_deref())
+        .map_err(|why| env_err(vars::DEBUG, v, why))?
         .to_ascii_lowercase();
-    let level = match level.as_str() {
-        "trace" => "trace",
-        "debug" => "debug",
-        "info" => "info",
-        "error" => "error",
-        _ => "warn",
-    };
-    match var(vars::DEBUG_SUBSYS) {
+    Ok(match var(vars::DEBUG_SUBSYS) {
         Some(s) => s
             .split(',')
             .map(|x| format!("railring::{}={level}", x.trim().to_ascii_lowercase()))
             .collect::<Vec<_>>()
             .join(","),
         None => format!("railring={level}"),
-    }
+    })
 }
 
 /// `RAILRING_LOG_COLOR` (`auto`, `always`, `never`) and `NO_COLOR` (<https://no-color.org>):
 /// whether log lines on stderr carry colour (see [`Config::log_color`]).
 pub fn log_color() -> Result<bool> {
     let no_color = std::env::var_os(vars::NO_COLOR).is_some_and(|v| !v.is_empty());
-    match var(vars::LOG_COLOR).map(|v| v.trim().to_ascii_lowercase()) {
-        Some(v) if v == "always" => Ok(true),
-        Some(v) if v == "never" => Ok(false),
-        None => Ok(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr())),
-        Some(v) if v == "auto" => {
-            Ok(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        }
-        Some(v) => Err(Error::Env {
-            var: vars::LOG_COLOR.into(),
-            value: v,
-            why: "expected auto, always or never".into(),
-        }),
+    let v = var(vars::LOG_COLOR);
+    match crate::knobs::knob(vars::LOG_COLOR)
+        .choice(v.as_deref())
+        .map_err(|why| env_err(vars::LOG_COLOR, v, why))?
+    {
+        "always" => Ok(true),
+        "never" => Ok(false),
+        _ => Ok(!no_color && std::io::IsTerminal::is_terminal(&std::io::stderr())),
     }
 }
 
@@ -247,6 +243,38 @@ pub fn bind_vars_from_env() -> BindVars {
 /// few context switches, ~5-20 us).
 pub(crate) const OVERSUBSCRIBED_LOCAL_ALPHA: f64 = 20e-6;
 
+/// `RAILRING_SOCKET_IFNAME` (NCCL grammar: an optional `^` (exclude) and `=` (exact), then
+/// comma-separated interface names or prefixes): a value that names no interface (`^`, `=`,
+/// `,`) or a name no interface can have is an error, not "every interface".
+fn socket_ifname() -> Result<Option<String>> {
+    let Some(v) = var(vars::SOCKET_IFNAME) else {
+        return Ok(None);
+    };
+    let bad = |why: &str| Error::Env {
+        var: vars::SOCKET_IFNAME.into(),
+        value: v.clone(),
+        why: why.into(),
+    };
+    let body = v.trim();
+    let body = body.strip_prefix('^').unwrap_or(body);
+    let body = body.strip_prefix('=').unwrap_or(body);
+    let names: Vec<&str> = body.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    if names.is_empty() {
+        return Err(bad(
+            "names no interface: expected [^][=]name[,name...] (e.g. `rail`, `^docker,lo`, `=eth0`)",
+        ));
+    }
+    if let Some(n) = names
+        .iter()
+        .find(|n| n.len() > 15 || n.contains(['/', ' ', '^', '=']))
+    {
+        return Err(bad(&format!(
+            "`{n}` cannot be an interface name (at most 15 characters, no `/`, `^`, `=` or blank)"
+        )));
+    }
+    Ok(Some(v))
+}
+
 /// Whether `RAILRING_COST` sets `key`.
 fn cost_key_given(key: &str) -> bool {
     var(vars::COST).is_some_and(|v| {
@@ -279,18 +307,7 @@ fn cost_model() -> Result<railring_collectives::cost::CostModel> {
     Ok(m)
 }
 
-/// `8`, `64K`, `2M`, `1G` → bytes (binary multiples, as nccl-tests).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
-        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
-        't' | 'T' => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
-    };
-    num.trim().parse::<u64>().ok()?.checked_mul(mul)
-}
+pub use crate::knobs::parse_size;
 
 impl Config {
     /// This machine's topology, from [`Config::topo_file`] or sysfs.
@@ -308,19 +325,19 @@ impl Config {
             })?),
         };
         Ok(Config {
-            timeout: Duration::from_secs(parse_num(vars::TIMEOUT, 600, 1, 365 * 86400)?),
-            rail_timeout: Duration::from_secs(parse_num(vars::RAIL_TIMEOUT, 10, 1, 3600)?),
-            straggler: parse_num(vars::STRAGGLER, 0, 0, 1 << 30)?,
+            timeout: secs(vars::TIMEOUT)?,
+            rail_timeout: secs(vars::RAIL_TIMEOUT)?,
+            straggler: num(vars::STRAGGLER)?,
             algo,
-            socket_ifname: var(vars::SOCKET_IFNAME),
-            shm_slot: parse_num(vars::SHM_SLOT, 1 << 20, 4096, 1 << 30)? as usize,
+            socket_ifname: socket_ifname()?,
+            shm_slot: num(vars::SHM_SLOT)? as usize,
             shm_single_copy: single_copy(vars::SHM_SINGLE_COPY)?,
             shm_single_copy_large: single_copy(vars::SHM_SINGLE_COPY_LARGE)?,
-            net_chunk: parse_num(vars::NET_CHUNK, 512 << 10, 4096, MAX_NET_CHUNK)? as usize,
-            net_streams: parse_num(vars::NET_STREAMS, 1, 1, MAX_STREAMS as u64)? as usize,
-            rails_per_rank: parse_num(vars::RAILS_PER_RANK, 0, 0, MAX_STREAMS as u64)? as usize,
-            connect_timeout: Duration::from_secs(parse_num(vars::CONNECT_TIMEOUT, 30, 1, 3600)?),
-            pipeline_seg: parse_num(vars::PIPELINE_SEG, 4 << 20, 0, 1 << 40)? as usize,
+            net_chunk: num(vars::NET_CHUNK)? as usize,
+            net_streams: num(vars::NET_STREAMS)? as usize,
+            rails_per_rank: num(vars::RAILS_PER_RANK)? as usize,
+            connect_timeout: secs(vars::CONNECT_TIMEOUT)?,
+            pipeline_seg: num(vars::PIPELINE_SEG)? as usize,
             cost: cost_model()?,
             cost_rails_given: cost_key_given("rails"),
             cost_local_alpha_given: cost_key_given("local_alpha"),
@@ -332,7 +349,7 @@ impl Config {
                     why,
                 })?
             },
-            log_filter: log_filter(),
+            log_filter: log_filter()?,
             log_color: log_color()?,
             host_id: var(vars::HOST_ID)
                 .map(|v| {
@@ -346,10 +363,14 @@ impl Config {
             bind: bind_vars_from_env(),
             net: var(vars::NET),
             ib_hca: var(vars::IB_HCA),
-            ib_gid_index: parse_num(vars::IB_GID_INDEX, 0, 0, 255)? as u8,
+            ib_gid_index: num(vars::IB_GID_INDEX)? as u8,
             gpu_slot: match var(vars::GPU_SLOT) {
                 None => None,
-                Some(_) => Some(parse_num(vars::GPU_SLOT, 0, 1, 1 << 40)?),
+                Some(v) => Some(
+                    crate::knobs::knob(vars::GPU_SLOT)
+                        .number(Some(&v), 0)
+                        .map_err(|why| env_err(vars::GPU_SLOT, Some(v.clone()), why))?,
+                ),
             },
             mps_pipe_dir: std::env::var_os("CUDA_MPS_PIPE_DIRECTORY"),
         })
@@ -372,15 +393,5 @@ mod tests {
         assert_eq!(parse_gdr_level(Some("sys")), Ok(Some(PathClass::Sys)));
         assert!(parse_gdr_level(Some("fast")).is_err());
         assert!(parse_gdr_level(Some("6")).is_err());
-    }
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("8"), Some(8));
-        assert_eq!(parse_size("64K"), Some(65536));
-        assert_eq!(parse_size("256M"), Some(256 << 20));
-        assert_eq!(parse_size("1G"), Some(1 << 30));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size(""), None);
-        assert_eq!(parse_size("99999999999999999999G"), None);
     }
 }

@@ -148,6 +148,9 @@ pub mod executor;
 // Hidden: the Slurm hostlist grammar, shared with railrun.
 #[doc(hidden)]
 pub mod hostlist;
+// Hidden: every knob's declaration (name, kind, default, range), shared with railrun.
+#[doc(hidden)]
+pub mod knobs;
 // Hidden: this machine's identity, shared with railrun.
 #[doc(hidden)]
 pub mod machine;

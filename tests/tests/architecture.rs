@@ -200,6 +200,7 @@ fn explain(e: &BTreeMap<String, BTreeSet<(String, String)>>, comp: &[String]) ->
 /// The runtime's layers, bottom up: a module may import only modules of a lower layer.
 const RUNTIME_LAYERS: &[&[&str]] = &[
     &["store", "machine", "hostlist", "vars", "private_fs"],
+    &["knobs"],
     &["error"],
     &["topology"],
     &["config"],

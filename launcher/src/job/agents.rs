@@ -61,7 +61,7 @@ impl Job<'_> {
             return false;
         };
         let heartbeat =
-            match proto::heartbeat_timeout(std::env::var("RAILRUN_HEARTBEAT").ok().as_deref()) {
+            match proto::heartbeat_timeout(std::env::var(railring::knobs::RAILRUN_HEARTBEAT).ok().as_deref()) {
                 Ok(t) => t,
                 Err(e) => {
                     self.fail(super::EXIT_CONFIG, e);
@@ -586,16 +586,9 @@ fn a_secs(d: Duration) -> String {
 /// sees one connection, but the head runs all the handshakes. A value that is not a whole
 /// number ≥ 1 is an error, not the default.
 pub(super) fn fanout() -> Result<usize, String> {
-    match std::env::var("RAILRUN_FANOUT") {
-        Err(_) => Ok(64),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(format!(
-                "RAILRUN_FANOUT={v:?}: expected the number of agents to start at once, a whole \
-                 number >= 1 (default 64)"
-            )),
-        },
-    }
+    let k = railring::knobs::knob(railring::knobs::RAILRUN_FANOUT);
+    k.number(std::env::var(k.name).ok().as_deref(), k.default_number())
+        .map(|n| n as usize)
 }
 
 /// Each agent holds three pipes for the whole job: raise the soft open-file limit towards the

@@ -48,9 +48,6 @@ pub const EXIT_AGENT: i32 = 255;
 /// SIGPIPE, what a shell reports for a process killed by SIGPIPE.
 pub const EXIT_PIPE: i32 = 128 + libc::SIGPIPE;
 
-/// Default grace between SIGTERM and SIGKILL (env `RAILRUN_KILL_GRACE`, seconds).
-pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(3);
-
 /// A short unique job id, `[a-z0-9]{10}`.
 pub fn new_job_id() -> String {
     let mut b = [0u8; 10];
@@ -68,21 +65,31 @@ pub fn new_job_id() -> String {
     b.iter().map(|x| A[*x as usize % A.len()] as char).collect()
 }
 
+/// `RAILRUN_KILL_GRACE` (declared in `railring::knobs`; checked by [`check_knobs`] first).
 fn kill_grace() -> Duration {
-    match std::env::var("RAILRUN_KILL_GRACE") {
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && (0.0..=3600.0).contains(&s) => Duration::from_secs_f64(s),
-            _ => {
-                eprintln!("railrun: RAILRUN_KILL_GRACE=`{v}` is not a number of seconds (0..3600); using 3");
-                DEFAULT_KILL_GRACE
-            }
-        },
-        Err(_) => DEFAULT_KILL_GRACE,
-    }
+    let k = railring::knobs::knob(railring::knobs::RAILRUN_KILL_GRACE);
+    k.seconds(std::env::var(k.name).ok().as_deref(), k.default_seconds())
+        .unwrap_or(k.default_seconds())
+}
+
+/// railrun's own knobs, checked before anything starts (whether or not this job would read
+/// them: a typo is said at once, not on the day a job first runs on several nodes).
+fn check_knobs() -> Result<(), String> {
+    use railring::knobs::{knob, RAILRUN_HEARTBEAT, RAILRUN_KILL_GRACE};
+    let get = |n: &str| std::env::var(n).ok();
+    let grace = knob(RAILRUN_KILL_GRACE);
+    grace.seconds(get(RAILRUN_KILL_GRACE).as_deref(), grace.default_seconds())?;
+    proto::heartbeat_timeout(get(RAILRUN_HEARTBEAT).as_deref())?;
+    agents::fanout()?;
+    Ok(())
 }
 
 /// `railrun [options] PROGRAM ...`: returns the exit code.
 pub fn run(given: &RunOpts) -> i32 {
+    if let Err(e) = check_knobs() {
+        eprintln!("railrun: {e}");
+        return EXIT_CONFIG;
+    }
     let mut opts = given.clone();
     let (pl, fabric) = match prepare::place(&mut opts) {
         Ok(p) => p,
