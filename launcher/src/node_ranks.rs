@@ -201,6 +201,19 @@ impl NodeRanks {
             None => events.clone(),
         };
         for (index, spec) in ranks.iter().enumerate() {
+            // SIGINT / SIGTERM while starting many ranks: stop starting them (the caller's
+            // loop then takes the signal and ends the ones already started).
+            if let Some(sig) = crate::signals::pending() {
+                return Err(NotStarted {
+                    index,
+                    rank: spec.rank,
+                    message: format!(
+                        "not started: got {} while starting the node's ranks",
+                        crate::proto::signal_name(sig)
+                    ),
+                    cause: io::Error::from(io::ErrorKind::Interrupted),
+                });
+            }
             let failed = |cause: io::Error| NotStarted {
                 index,
                 rank: spec.rank,

@@ -375,6 +375,12 @@ pub enum PlacementError {
     Conflict(String),
     #[error("no hosts to place ranks on")]
     NoHosts,
+    #[error("{requested} ranks requested on localhost, which has {slots} CPU(s): more than {limit} ({IMPLICIT_OVERSUBSCRIBE} per CPU) needs --oversubscribe (or a hostfile naming the slots)")]
+    TooManyLocal {
+        requested: usize,
+        slots: usize,
+        limit: usize,
+    },
     #[error("{requested} ranks requested but at most {limit} are supported")]
     TooManyRanks { requested: usize, limit: usize },
     #[error("not enough slots: {requested} ranks requested but only {available} slots are available on {nhosts} host(s) ({summary}); add --oversubscribe to run more ranks than slots")]
@@ -467,6 +473,9 @@ fn round_robin(
 }
 
 /// Place ranks on hosts. See the module docs for the rules.
+/// Ranks per slot (CPU) the implicit localhost runs without `--oversubscribe`.
+pub const IMPLICIT_OVERSUBSCRIBE: usize = 64;
+
 pub fn place(src: &HostSource, req: &PlacementRequest) -> Result<Placement, PlacementError> {
     let hosts = &src.hosts;
     if hosts.is_empty() {
@@ -474,6 +483,15 @@ pub fn place(src: &HostSource, req: &PlacementRequest) -> Result<Placement, Plac
     }
     if req.np == Some(0) {
         return Err(PlacementError::ZeroRanks);
+    }
+    // The implicit localhost oversubscribes without a flag (a laptop runs `-np 4` on 2 cores),
+    // but only up to a sane limit: past it a typo (`-np 1000000`) would start a fork bomb.
+    if src.is_implicit() && !req.oversubscribe {
+        let slots = src.total_slots().max(1);
+        let limit = slots.saturating_mul(IMPLICIT_OVERSUBSCRIBE);
+        if let Some(np) = req.np.filter(|&n| n > limit) {
+            return Err(PlacementError::TooManyLocal { requested: np, slots, limit });
+        }
     }
     let allow_over = req.oversubscribe || src.is_implicit();
     let assign = if let Some(ppn) = req.ppn {

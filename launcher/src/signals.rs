@@ -33,6 +33,15 @@ pub fn take() -> Option<i32> {
     }
 }
 
+/// The signal caught and not yet [`take`]n, if any, left for the main loop: long loops (the
+/// spawn loop of a node's ranks) stop early on it.
+pub fn pending() -> Option<i32> {
+    match SIGNALLED.load(Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
+}
+
 /// How many signals were caught so far.
 pub fn count() -> u32 {
     COUNT.load(Ordering::SeqCst)

@@ -415,6 +415,10 @@ impl Job<'_> {
             for &rest in &ranks[e.index..] {
                 self.set_done(rest);
             }
+            if e.cause.kind() == std::io::ErrorKind::Interrupted {
+                // A signal: the event loop takes it and ends the job with its status.
+                return;
+            }
             let r = e.rank as usize;
             let host = self.host_of(r).to_string();
             self.fail(
