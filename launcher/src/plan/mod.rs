@@ -94,18 +94,8 @@ impl Default for PlanArgs {
     }
 }
 
-/// `8`, `64K`, `4M`, `2G` (powers of 1024).
-pub fn parse_size(s: &str) -> Option<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last()? {
-        'k' | 'K' => (&t[..t.len() - 1], 1u64 << 10),
-        'm' | 'M' => (&t[..t.len() - 1], 1 << 20),
-        'g' | 'G' => (&t[..t.len() - 1], 1 << 30),
-        't' | 'T' => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.parse::<u64>().ok()?.checked_mul(mult)
-}
+/// `8`, `64K`, `4M`, `2G` (powers of 1024): the runtime's own size grammar.
+pub use railring::knobs::parse_size;
 
 fn parse_kind(s: &str) -> Option<CollKind> {
     Some(
