@@ -40,26 +40,120 @@ pub const MAX_NET_CHUNK: u64 = 256 << 20;
 /// A year: the largest timeout anyone means.
 pub const YEAR_SECS: f64 = 365.0 * 86400.0;
 
-const fn secs(name: &'static str, min: f64, max: f64, whole: bool, default: &'static str, doc: &'static str) -> Knob {
-    Knob { name, kind: Kind::Seconds { min, max, whole }, default, doc }
+const fn secs(
+    name: &'static str,
+    min: f64,
+    max: f64,
+    whole: bool,
+    default: &'static str,
+    doc: &'static str,
+) -> Knob {
+    Knob {
+        name,
+        kind: Kind::Seconds { min, max, whole },
+        default,
+        doc,
+    }
 }
-const fn num(name: &'static str, min: u64, max: u64, bytes: bool, default: &'static str, doc: &'static str) -> Knob {
-    Knob { name, kind: Kind::Number { min, max, bytes }, default, doc }
+const fn num(
+    name: &'static str,
+    min: u64,
+    max: u64,
+    bytes: bool,
+    default: &'static str,
+    doc: &'static str,
+) -> Knob {
+    Knob {
+        name,
+        kind: Kind::Number { min, max, bytes },
+        default,
+        doc,
+    }
 }
 
 /// Every declared knob.
 pub const KNOBS: &[Knob] = &[
-    secs(vars::TIMEOUT, 1.0, YEAR_SECS, true, "600", "seconds without progress before a collective fails"),
-    secs(vars::RAIL_TIMEOUT, 1.0, 3600.0, true, "10", "seconds a rail may carry unacknowledged data before its links move"),
-    secs(vars::CONNECT_TIMEOUT, 1.0, 3600.0, true, "30", "seconds to reach the bootstrap store and data-plane peers"),
-    num(vars::STRAGGLER, 0, 1 << 30, false, "0", "every N calls, report the ranks that arrived last"),
-    num(vars::SHM_SLOT, 4096, 1 << 30, true, "1M", "data bytes of one shared-memory staging slot"),
-    num(vars::NET_CHUNK, 4096, MAX_NET_CHUNK, true, "512K", "bytes per pipelined chunk on network links"),
-    num(vars::NET_STREAMS, 1, MAX_STREAMS as u64, false, "1", "TCP connections per peer and rail"),
-    num(vars::RAILS_PER_RANK, 0, MAX_STREAMS as u64, false, "0", "TCP rails each rank's links stripe over (0: automatic)"),
-    num(vars::PIPELINE_SEG, 0, 1 << 30, true, "4M", "segment of the pipelined two-level all-reduce (0: off)"),
+    secs(
+        vars::TIMEOUT,
+        1.0,
+        YEAR_SECS,
+        true,
+        "600",
+        "seconds without progress before a collective fails",
+    ),
+    secs(
+        vars::RAIL_TIMEOUT,
+        1.0,
+        3600.0,
+        true,
+        "10",
+        "seconds a rail may carry unacknowledged data before its links move",
+    ),
+    secs(
+        vars::CONNECT_TIMEOUT,
+        1.0,
+        3600.0,
+        true,
+        "30",
+        "seconds to reach the bootstrap store and data-plane peers",
+    ),
+    num(
+        vars::STRAGGLER,
+        0,
+        1 << 30,
+        false,
+        "0",
+        "every N calls, report the ranks that arrived last",
+    ),
+    num(
+        vars::SHM_SLOT,
+        4096,
+        1 << 30,
+        true,
+        "1M",
+        "data bytes of one shared-memory staging slot",
+    ),
+    num(
+        vars::NET_CHUNK,
+        4096,
+        MAX_NET_CHUNK,
+        true,
+        "512K",
+        "bytes per pipelined chunk on network links",
+    ),
+    num(
+        vars::NET_STREAMS,
+        1,
+        MAX_STREAMS as u64,
+        false,
+        "1",
+        "TCP connections per peer and rail",
+    ),
+    num(
+        vars::RAILS_PER_RANK,
+        0,
+        MAX_STREAMS as u64,
+        false,
+        "0",
+        "TCP rails each rank's links stripe over (0: automatic)",
+    ),
+    num(
+        vars::PIPELINE_SEG,
+        0,
+        1 << 30,
+        true,
+        "4M",
+        "segment of the pipelined two-level all-reduce (0: off)",
+    ),
     num(vars::IB_GID_INDEX, 0, 255, false, "0", "GID index for RoCE"),
-    num(vars::GPU_SLOT, 1, 1 << 30, true, "", "staging slot of the CUDA in-node fabric"),
+    num(
+        vars::GPU_SLOT,
+        1,
+        1 << 30,
+        true,
+        "",
+        "staging slot of the CUDA in-node fabric",
+    ),
     Knob {
         name: vars::DEBUG,
         kind: Kind::Choice(&["WARN", "ERROR", "INFO", "DEBUG", "TRACE"]),
@@ -72,9 +166,30 @@ pub const KNOBS: &[Knob] = &[
         default: "auto",
         doc: "colour in log lines",
     },
-    secs(RAILRUN_HEARTBEAT, 1.0, 3600.0, false, "6", "seconds of silence after which a node agent counts as lost"),
-    secs(RAILRUN_KILL_GRACE, 0.0, 3600.0, false, "3", "seconds between SIGTERM and SIGKILL when a job is ended"),
-    num(RAILRUN_FANOUT, 1, 4096, false, "64", "node agents connecting at once"),
+    secs(
+        RAILRUN_HEARTBEAT,
+        1.0,
+        3600.0,
+        false,
+        "6",
+        "seconds of silence after which a node agent counts as lost",
+    ),
+    secs(
+        RAILRUN_KILL_GRACE,
+        0.0,
+        3600.0,
+        false,
+        "3",
+        "seconds between SIGTERM and SIGKILL when a job is ended",
+    ),
+    num(
+        RAILRUN_FANOUT,
+        1,
+        4096,
+        false,
+        "64",
+        "node agents connecting at once",
+    ),
 ];
 
 /// railrun's own knobs (read by the launcher, declared here beside the runtime's).
@@ -102,7 +217,10 @@ fn show(x: f64) -> String {
 impl Knob {
     /// The declared default of a seconds knob.
     pub fn default_seconds(&self) -> Duration {
-        let x: f64 = self.default.parse().unwrap_or_else(|_| panic!("{}: default", self.name));
+        let x: f64 = self
+            .default
+            .parse()
+            .unwrap_or_else(|_| panic!("{}: default", self.name));
         Duration::from_secs_f64(x)
     }
 
@@ -120,13 +238,23 @@ impl Knob {
         let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
             return Ok(default);
         };
-        let what = if whole { "a whole number of seconds" } else { "a number of seconds" };
+        let what = if whole {
+            "a whole number of seconds"
+        } else {
+            "a number of seconds"
+        };
         let bad = |why: String| format!("{}=`{v}`: {why}", self.name);
         let x: f64 = v
             .parse()
             .ok()
             .filter(|x: &f64| !x.is_nan())
-            .ok_or_else(|| bad(format!("expected {what} from {} to {}", show(min), show(max))))?;
+            .ok_or_else(|| {
+                bad(format!(
+                    "expected {what} from {} to {}",
+                    show(min),
+                    show(max)
+                ))
+            })?;
         if x > max {
             return Err(bad(format!("{v} is more than the maximum {} s", show(max))));
         }
@@ -134,7 +262,11 @@ impl Knob {
             return Err(bad(format!("{v} is less than the minimum {} s", show(min))));
         }
         if whole && x.fract() != 0.0 {
-            return Err(bad(format!("expected {what} (from {} to {})", show(min), show(max))));
+            return Err(bad(format!(
+                "expected {what} (from {} to {})",
+                show(min),
+                show(max)
+            )));
         }
         Ok(Duration::from_secs_f64(x))
     }
@@ -149,12 +281,22 @@ impl Knob {
             return Ok(default);
         };
         let bad = |why: String| format!("{}=`{v}`: {why}", self.name);
-        let unit = if bytes { " (K/M/G suffixes allowed)" } else { "" };
+        let unit = if bytes {
+            " (K/M/G suffixes allowed)"
+        } else {
+            ""
+        };
         let range = format!("from {min} to {max}");
-        let n = if bytes { parse_size(v) } else { v.parse::<u64>().ok() };
+        let n = if bytes {
+            parse_size(v)
+        } else {
+            v.parse::<u64>().ok()
+        };
         let Some(n) = n else {
             // A number too large for 64 bits, or a negative one, still gets its bound named.
-            let f = v.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G', 't', 'T']).parse::<f64>();
+            let f = v
+                .trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G', 't', 'T'])
+                .parse::<f64>();
             return Err(match f {
                 Ok(f) if f > max as f64 => bad(format!("{v} is more than the maximum {max}")),
                 Ok(f) if f < min as f64 => bad(format!("{v} is less than the minimum {min}")),
@@ -212,13 +354,19 @@ mod tests {
         assert_eq!(t.seconds(Some(" "), d), Ok(d));
         assert_eq!(t.seconds(Some("5"), d), Ok(Duration::from_secs(5)));
         let e = t.seconds(Some("1e300"), d).unwrap_err();
-        assert!(e.contains("RAILRING_TIMEOUT=`1e300`: 1e300 is more than the maximum 31536000 s"), "{e}");
+        assert!(
+            e.contains("RAILRING_TIMEOUT=`1e300`: 1e300 is more than the maximum 31536000 s"),
+            "{e}"
+        );
         let e = t.seconds(Some("inf"), d).unwrap_err();
         assert!(e.contains("more than the maximum"), "{e}");
         let e = t.seconds(Some("2.5"), d).unwrap_err();
         assert!(e.contains("whole number of seconds"), "{e}");
         let e = t.seconds(Some("NaN"), d).unwrap_err();
-        assert!(e.contains("expected a whole number of seconds from 1 to 31536000"), "{e}");
+        assert!(
+            e.contains("expected a whole number of seconds from 1 to 31536000"),
+            "{e}"
+        );
         let r = knob(vars::RAIL_TIMEOUT);
         let e = r.seconds(Some("0.000001"), d).unwrap_err();
         assert!(e.contains("0.000001 is less than the minimum 1 s"), "{e}");
@@ -229,7 +377,10 @@ mod tests {
         }
         let g = knob(RAILRUN_KILL_GRACE);
         assert_eq!(g.seconds(Some("0"), d), Ok(Duration::ZERO));
-        assert!(g.seconds(Some("-1"), d).unwrap_err().contains("less than the minimum 0 s"));
+        assert!(g
+            .seconds(Some("-1"), d)
+            .unwrap_err()
+            .contains("less than the minimum 0 s"));
     }
 
     #[test]
@@ -249,7 +400,10 @@ mod tests {
         assert!(e.contains("1T is more than the maximum 1073741824"), "{e}");
         let e = p.number(Some("99999999999999999999G"), 1).unwrap_err();
         assert!(e.contains("more than the maximum"), "{e}");
-        assert!(p.number(Some("x"), 1).unwrap_err().contains("expected a whole number"));
+        assert!(p
+            .number(Some("x"), 1)
+            .unwrap_err()
+            .contains("expected a whole number"));
     }
 
     #[test]
@@ -258,7 +412,10 @@ mod tests {
         assert_eq!(d.choice(None), Ok("WARN"));
         assert_eq!(d.choice(Some("info")), Ok("INFO"));
         let e = d.choice(Some("bogus")).unwrap_err();
-        assert!(e.contains("RAILRING_DEBUG=`bogus`: expected one of WARN, ERROR, INFO, DEBUG, TRACE"), "{e}");
+        assert!(
+            e.contains("RAILRING_DEBUG=`bogus`: expected one of WARN, ERROR, INFO, DEBUG, TRACE"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -291,7 +448,12 @@ mod tests {
             match k.kind {
                 Kind::Seconds { .. } => {
                     let d = k.default_seconds();
-                    assert_eq!(k.seconds(Some(k.default), Duration::ZERO), Ok(d), "{}", k.name);
+                    assert_eq!(
+                        k.seconds(Some(k.default), Duration::ZERO),
+                        Ok(d),
+                        "{}",
+                        k.name
+                    );
                 }
                 Kind::Number { .. } => {
                     let d = k.default_number();

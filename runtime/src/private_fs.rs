@@ -133,7 +133,10 @@ pub fn open_own(path: &Path, write: bool) -> io::Result<File> {
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => io::Error::new(
                 io::ErrorKind::PermissionDenied,
-                format!("{} is a symbolic link: refusing to follow it", path.display()),
+                format!(
+                    "{} is a symbolic link: refusing to follow it",
+                    path.display()
+                ),
             ),
             _ => e,
         })?;
@@ -161,7 +164,10 @@ pub fn create_or_truncate(path: &Path) -> io::Result<File> {
             {
                 io::Error::new(
                     io::ErrorKind::PermissionDenied,
-                    format!("{} is a symbolic link: refusing to write through it", path.display()),
+                    format!(
+                        "{} is a symbolic link: refusing to write through it",
+                        path.display()
+                    ),
                 )
             }
             Some(libc::ENXIO) => io::Error::new(
@@ -225,7 +231,10 @@ pub fn temp_dir(parent: &Path, prefix: &str) -> io::Result<PathBuf> {
     }
     Err(io::Error::new(
         io::ErrorKind::AlreadyExists,
-        format!("no free name for a {prefix}* directory in {}", parent.display()),
+        format!(
+            "no free name for a {prefix}* directory in {}",
+            parent.display()
+        ),
     ))
 }
 
@@ -289,7 +298,10 @@ mod tests {
         let link = d.join("link");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         assert!(create_new(&link).is_err());
-        assert!(open_own(&link, true).unwrap_err().to_string().contains("symbolic link"));
+        assert!(open_own(&link, true)
+            .unwrap_err()
+            .to_string()
+            .contains("symbolic link"));
         let e = create_or_truncate(&link).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
         let hard = d.join("hard");

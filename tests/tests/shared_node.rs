@@ -41,7 +41,10 @@ fn other_uid(test: &str) -> Option<u32> {
         println!("SKIPPED: {test} needs root (to act as a second user, {OTHER})");
         return None;
     }
-    let o = Command::new("id").args(["-u", OTHER]).output().expect("run id");
+    let o = Command::new("id")
+        .args(["-u", OTHER])
+        .output()
+        .expect("run id");
     assert!(
         o.status.success(),
         "user {OTHER} does not exist: scripts/test creates it (useradd --system {OTHER})"
@@ -111,14 +114,24 @@ fn doctor_never_writes_through_another_users_link() {
         planted.display()
     );
     // ... and keeps planting while doctor runs (the old code removed the directory first)
-    let mut racer = as_other(&format!("end=$(($(date +%s) + 8)); while [ $(date +%s) -lt $end ]; do {plant}; done"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut racer = as_other(&format!(
+        "end=$(($(date +%s) + 8)); while [ $(date +%s) -lt $end ]; do {plant}; done"
+    ))
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     for _ in 0..3 {
         let o = railrun()
-            .args(["doctor", "-H", "localhost", "--ifname", "lo", "--duration", "0.05"])
+            .args([
+                "doctor",
+                "-H",
+                "localhost",
+                "--ifname",
+                "lo",
+                "--duration",
+                "0.05",
+            ])
             .output()
             .unwrap();
         assert!(o.status.code().is_some(), "{}", text(&o));
@@ -150,7 +163,11 @@ fn root_doctor_dirs() -> Vec<String> {
     std::fs::read_dir("/tmp")
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("railrun-doctor-"))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("railrun-doctor-")
+        })
         .filter(|e| std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.uid() == 0))
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect()
@@ -173,21 +190,42 @@ fn output_dir_refuses_foreign_directories_and_links() {
     ));
     assert!(o.status.success(), "{}", text(&o));
     let o = railrun()
-        .args(["--output-dir", theirs.to_str().unwrap(), "-np", "1", "echo", "OUT"])
+        .args([
+            "--output-dir",
+            theirs.to_str().unwrap(),
+            "-np",
+            "1",
+            "echo",
+            "OUT",
+        ])
         .output()
         .unwrap();
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
-    assert!(t.contains(&format!("user {OTHER}")) && t.contains("refusing"), "{t}");
+    assert!(
+        t.contains(&format!("user {OTHER}")) && t.contains("refusing"),
+        "{t}"
+    );
     // a directory of ours where the other user planted links (it was world-writable)
     let ours = PathBuf::from(format!("/tmp/rr-our-outdir-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&ours);
     std::fs::create_dir_all(&ours).unwrap();
     std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let o = run_other(&format!("ln -s {} {}/rank.0.out", v.display(), ours.display()));
+    let o = run_other(&format!(
+        "ln -s {} {}/rank.0.out",
+        v.display(),
+        ours.display()
+    ));
     assert!(o.status.success(), "{}", text(&o));
     let o = railrun()
-        .args(["--output-dir", ours.to_str().unwrap(), "-np", "1", "echo", "OUT"])
+        .args([
+            "--output-dir",
+            ours.to_str().unwrap(),
+            "-np",
+            "1",
+            "echo",
+            "OUT",
+        ])
         .output()
         .unwrap();
     let t = text(&o);
@@ -197,13 +235,23 @@ fn output_dir_refuses_foreign_directories_and_links() {
     // without the link the same directory works, and the file is private
     std::fs::remove_file(ours.join("rank.0.out")).unwrap();
     let o = railrun()
-        .args(["--output-dir", ours.to_str().unwrap(), "-np", "1", "echo", "OUT"])
+        .args([
+            "--output-dir",
+            ours.to_str().unwrap(),
+            "-np",
+            "1",
+            "echo",
+            "OUT",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let f = ours.join("rank.0.out");
     assert_eq!(std::fs::read_to_string(&f).unwrap().trim(), "OUT");
-    assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
     for d in [&theirs, &ours] {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -213,7 +261,9 @@ fn output_dir_refuses_foreign_directories_and_links() {
 /// A 2-rank job with collectives on this node (its ranks build a shared-memory segment).
 fn shm_job(extra: &[&str]) -> Output {
     let mut c = railrun();
-    c.args(["--timeout", "60"]).args(extra).args(["-np", "2", &soak(), "--calls", "5"]);
+    c.args(["--timeout", "60"])
+        .args(extra)
+        .args(["-np", "2", &soak(), "--calls", "5"]);
     c.output().unwrap()
 }
 
@@ -228,7 +278,10 @@ fn a_planted_fifo_does_not_stall_a_job() {
     let o = run_other(&format!("rm -f {fifo}; mkfifo {fifo}"));
     assert!(o.status.success(), "{}", text(&o));
     let m = std::fs::symlink_metadata(&fifo).unwrap();
-    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()), "no FIFO planted");
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()),
+        "no FIFO planted"
+    );
     let t0 = Instant::now();
     let o = shm_job(&[]);
     let took = t0.elapsed();
@@ -292,8 +345,16 @@ fn segments_are_private_and_their_names_cannot_be_taken() {
     for l in log.lines().filter(|l| l.starts_with("TOOK ")) {
         let _ = std::fs::remove_file(format!("/dev/shm/{}", &l[5..]));
     }
-    assert!(failed.is_empty(), "{} of {jobs} jobs failed:\n{}", failed.len(), failed.join("\n"));
-    assert!(seen > 0, "the watcher saw no segment in {jobs} jobs: the test proved nothing");
+    assert!(
+        failed.is_empty(),
+        "{} of {jobs} jobs failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    assert!(
+        seen > 0,
+        "the watcher saw no segment in {jobs} jobs: the test proved nothing"
+    );
     read.dedup();
     assert!(
         read.is_empty(),
@@ -333,11 +394,17 @@ fn a_segment_is_mode_0600() {
 /// without `--oversubscribe` is refused at once.
 #[test]
 fn signals_end_a_huge_local_start_at_once() {
-    let o = railrun().args(["-np", "1000000", "/bin/true"]).output().unwrap();
+    let o = railrun()
+        .args(["-np", "1000000", "/bin/true"])
+        .output()
+        .unwrap();
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.contains("needs --oversubscribe"), "{t}");
-    for (sig, name, code) in [(libc::SIGTERM, "SIGTERM", 143), (libc::SIGINT, "SIGINT", 130)] {
+    for (sig, name, code) in [
+        (libc::SIGTERM, "SIGTERM", 143),
+        (libc::SIGINT, "SIGINT", 130),
+    ] {
         let mut c = railrun()
             .args(["--oversubscribe", "-np", "100000", "/bin/true"])
             .stdout(Stdio::null())
@@ -345,7 +412,10 @@ fn signals_end_a_huge_local_start_at_once() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(1500));
-        assert!(c.try_wait().unwrap().is_none(), "railrun ended before the signal");
+        assert!(
+            c.try_wait().unwrap().is_none(),
+            "railrun ended before the signal"
+        );
         // SAFETY: signalling our own child.
         unsafe { libc::kill(c.id() as i32, sig) };
         let t0 = Instant::now();
@@ -367,7 +437,10 @@ fn signals_end_a_huge_local_start_at_once() {
         assert_eq!(st.code(), Some(code), "{name}: {err}");
         assert!(err.contains(&format!("got {name}")), "{err}");
         // within a second of the signal, plus the grace its ranks may need on a loaded CI
-        assert!(took < Duration::from_secs(5), "{name}: railrun took {took:?} to end");
+        assert!(
+            took < Duration::from_secs(5),
+            "{name}: railrun took {took:?} to end"
+        );
     }
 }
 
@@ -378,40 +451,99 @@ fn signals_end_a_huge_local_start_at_once() {
 fn knobs_out_of_range_are_errors_naming_the_bound() {
     for (var, value, says) in [
         ("RAILRUN_HEARTBEAT", "0", "0 is less than the minimum 1 s"),
-        ("RAILRUN_HEARTBEAT", "1e300", "1e300 is more than the maximum 3600 s"),
-        ("RAILRUN_HEARTBEAT", "3601", "3601 is more than the maximum 3600 s"),
+        (
+            "RAILRUN_HEARTBEAT",
+            "1e300",
+            "1e300 is more than the maximum 3600 s",
+        ),
+        (
+            "RAILRUN_HEARTBEAT",
+            "3601",
+            "3601 is more than the maximum 3600 s",
+        ),
         ("RAILRUN_FANOUT", "0", "0 is less than the minimum 1"),
         ("RAILRUN_FANOUT", "-1", "-1 is less than the minimum 1"),
-        ("RAILRUN_FANOUT", "1e20", "1e20 is more than the maximum 4096"),
+        (
+            "RAILRUN_FANOUT",
+            "1e20",
+            "1e20 is more than the maximum 4096",
+        ),
         ("RAILRUN_KILL_GRACE", "0", ""),
-        ("RAILRUN_KILL_GRACE", "-1", "-1 is less than the minimum 0 s"),
-        ("RAILRUN_KILL_GRACE", "1e300", "1e300 is more than the maximum 3600 s"),
+        (
+            "RAILRUN_KILL_GRACE",
+            "-1",
+            "-1 is less than the minimum 0 s",
+        ),
+        (
+            "RAILRUN_KILL_GRACE",
+            "1e300",
+            "1e300 is more than the maximum 3600 s",
+        ),
     ] {
-        let o = railrun().env(var, value).args(["-np", "1", "true"]).output().unwrap();
+        let o = railrun()
+            .env(var, value)
+            .args(["-np", "1", "true"])
+            .output()
+            .unwrap();
         let t = text(&o);
         if says.is_empty() {
             assert!(o.status.success(), "{var}={value}: {t}");
             continue;
         }
         assert_eq!(o.status.code(), Some(1), "{var}={value}: {t}");
-        assert!(t.contains(&format!("{var}=`{value}`")) && t.contains(says), "{var}={value}: {t}");
+        assert!(
+            t.contains(&format!("{var}=`{value}`")) && t.contains(says),
+            "{var}={value}: {t}"
+        );
     }
     for (var, value, says) in [
-        ("RAILRING_DEBUG", "bogus", "expected one of WARN, ERROR, INFO, DEBUG, TRACE"),
+        (
+            "RAILRING_DEBUG",
+            "bogus",
+            "expected one of WARN, ERROR, INFO, DEBUG, TRACE",
+        ),
         ("RAILRING_SOCKET_IFNAME", "^", "names no interface"),
-        ("RAILRING_PIPELINE_SEG", "1T", "1T is more than the maximum 1073741824"),
-        ("RAILRING_COST", "rails=1e9", "expected a whole number of rails from 1 to 64"),
-        ("RAILRING_TIMEOUT", "1e300", "1e300 is more than the maximum 31536000 s"),
-        ("RAILRING_RAIL_TIMEOUT", "0.000001", "0.000001 is less than the minimum 1 s"),
+        (
+            "RAILRING_PIPELINE_SEG",
+            "1T",
+            "1T is more than the maximum 1073741824",
+        ),
+        (
+            "RAILRING_COST",
+            "rails=1e9",
+            "expected a whole number of rails from 1 to 64",
+        ),
+        (
+            "RAILRING_TIMEOUT",
+            "1e300",
+            "1e300 is more than the maximum 31536000 s",
+        ),
+        (
+            "RAILRING_RAIL_TIMEOUT",
+            "0.000001",
+            "0.000001 is less than the minimum 1 s",
+        ),
     ] {
         let kv = format!("{var}={value}");
-        let o = railrun().args(["-np", "2", "-x", &kv, &soak(), "--calls", "1"]).output().unwrap();
+        let o = railrun()
+            .args(["-np", "2", "-x", &kv, &soak(), "--calls", "1"])
+            .output()
+            .unwrap();
         let t = text(&o);
         assert!(!o.status.success(), "{kv}: {t}");
-        assert!(t.contains(var) && t.contains(value) && t.contains(says), "{kv}: {t}");
+        assert!(
+            t.contains(var) && t.contains(value) && t.contains(says),
+            "{kv}: {t}"
+        );
     }
-    let o = railrun().args(["--timeout", "1e300", "true"]).output().unwrap();
+    let o = railrun()
+        .args(["--timeout", "1e300", "true"])
+        .output()
+        .unwrap();
     let t = text(&o);
     assert_eq!(o.status.code(), Some(2), "{t}");
-    assert!(t.contains("1e300 is more than the maximum 10000000 s"), "{t}");
+    assert!(
+        t.contains("1e300 is more than the maximum 10000000 s"),
+        "{t}"
+    );
 }
