@@ -199,6 +199,7 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::
 pub fn heartbeat_timeout(value: Option<&str>) -> Result<std::time::Duration, String> {
     railring::knobs::knob(railring::knobs::RAILRUN_HEARTBEAT)
         .seconds(value, DEFAULT_HEARTBEAT_TIMEOUT)
+        .map_err(String::from)
 }
 
 /// When one side of a launcher–agent channel last heard anything from the other (every frame
@@ -587,7 +588,10 @@ mod tests {
         use std::time::Duration;
         assert_eq!(heartbeat_timeout(None), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
         let declared = railring::knobs::knob(railring::knobs::RAILRUN_HEARTBEAT).default_seconds();
-        assert_eq!(DEFAULT_HEARTBEAT_TIMEOUT, declared, "the agent's default is the declared one");
+        assert_eq!(
+            DEFAULT_HEARTBEAT_TIMEOUT, declared,
+            "the agent's default is the declared one"
+        );
         assert_eq!(heartbeat_timeout(Some(" ")), Ok(DEFAULT_HEARTBEAT_TIMEOUT));
         assert_eq!(
             heartbeat_timeout(Some("2.5")),

@@ -123,8 +123,7 @@ fn var(name: &str) -> Option<String> {
 fn num(name: &str) -> Result<u64> {
     let v = var(name);
     let k = crate::knobs::knob(name);
-    k.number(v.as_deref(), k.default_number())
-        .map_err(|why| env_err(name, v, why))
+    k.number(v.as_deref(), k.default_number()).map_err(env_err)
 }
 
 /// A seconds knob (declared in [`crate::knobs::KNOBS`]): its value, or the declared default.
@@ -132,20 +131,15 @@ fn secs(name: &str) -> Result<Duration> {
     let v = var(name);
     let k = crate::knobs::knob(name);
     k.seconds(v.as_deref(), k.default_seconds())
-        .map_err(|why| env_err(name, v, why))
+        .map_err(env_err)
 }
 
-/// The error for knob `name` set to `value`: `why` from the declaration names both already,
-/// so only its reason is kept after the variable.
-fn env_err(name: &str, value: Option<String>, why: String) -> Error {
-    let why = why
-        .split_once("`: ")
-        .map(|(_, w)| w.to_string())
-        .unwrap_or(why);
+/// A knob's value error as the runtime's [`Error::Env`].
+fn env_err(e: crate::knobs::KnobError) -> Error {
     Error::Env {
-        var: name.into(),
-        value: value.unwrap_or_default(),
-        why,
+        var: e.name.into(),
+        value: e.value,
+        why: e.why,
     }
 }
 
@@ -155,7 +149,7 @@ fn log_filter() -> Result<String> {
     let v = var(vars::DEBUG);
     let level = crate::knobs::knob(vars::DEBUG)
         .choice(v.as_deref())
-        .map_err(|why| env_err(vars::DEBUG, v, why))?
+        .map_err(env_err)?
         .to_ascii_lowercase();
     Ok(match var(vars::DEBUG_SUBSYS) {
         Some(s) => s
@@ -174,7 +168,7 @@ pub fn log_color() -> Result<bool> {
     let v = var(vars::LOG_COLOR);
     match crate::knobs::knob(vars::LOG_COLOR)
         .choice(v.as_deref())
-        .map_err(|why| env_err(vars::LOG_COLOR, v, why))?
+        .map_err(env_err)?
     {
         "always" => Ok(true),
         "never" => Ok(false),
@@ -258,7 +252,11 @@ fn socket_ifname() -> Result<Option<String>> {
     let body = v.trim();
     let body = body.strip_prefix('^').unwrap_or(body);
     let body = body.strip_prefix('=').unwrap_or(body);
-    let names: Vec<&str> = body.split(',').map(str::trim).filter(|n| !n.is_empty()).collect();
+    let names: Vec<&str> = body
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
     if names.is_empty() {
         return Err(bad(
             "names no interface: expected [^][=]name[,name...] (e.g. `rail`, `^docker,lo`, `=eth0`)",
@@ -369,7 +367,7 @@ impl Config {
                 Some(v) => Some(
                     crate::knobs::knob(vars::GPU_SLOT)
                         .number(Some(&v), 0)
-                        .map_err(|why| env_err(vars::GPU_SLOT, Some(v.clone()), why))?,
+                        .map_err(env_err)?,
                 ),
             },
             mps_pipe_dir: std::env::var_os("CUDA_MPS_PIPE_DIRECTORY"),

@@ -214,7 +214,36 @@ fn show(x: f64) -> String {
     }
 }
 
+/// A value a knob cannot take: the variable, the value as given (trimmed) and why. Displayed
+/// as ``NAME=`value`: why``.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KnobError {
+    pub name: &'static str,
+    pub value: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for KnobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}=`{}`: {}", self.name, self.value, self.why)
+    }
+}
+
+impl From<KnobError> for String {
+    fn from(e: KnobError) -> String {
+        e.to_string()
+    }
+}
+
 impl Knob {
+    fn error(&self, value: &str, why: String) -> KnobError {
+        KnobError {
+            name: self.name,
+            value: value.to_string(),
+            why,
+        }
+    }
+
     /// The declared default of a seconds knob.
     pub fn default_seconds(&self) -> Duration {
         let x: f64 = self
@@ -231,7 +260,7 @@ impl Knob {
 
     /// `value` (None or blank: the default) as a duration; `Err` says what is wrong, naming
     /// the variable, the value and the bound.
-    pub fn seconds(&self, value: Option<&str>, default: Duration) -> Result<Duration, String> {
+    pub fn seconds(&self, value: Option<&str>, default: Duration) -> Result<Duration, KnobError> {
         let Kind::Seconds { min, max, whole } = self.kind else {
             panic!("{} is not declared as seconds", self.name)
         };
@@ -243,7 +272,7 @@ impl Knob {
         } else {
             "a number of seconds"
         };
-        let bad = |why: String| format!("{}=`{v}`: {why}", self.name);
+        let bad = |why: String| self.error(v, why);
         let x: f64 = v
             .parse()
             .ok()
@@ -273,14 +302,14 @@ impl Knob {
 
     /// `value` (None or blank: `default`) as a whole number, with K/M/G/T suffixes where the
     /// knob counts bytes.
-    pub fn number(&self, value: Option<&str>, default: u64) -> Result<u64, String> {
+    pub fn number(&self, value: Option<&str>, default: u64) -> Result<u64, KnobError> {
         let Kind::Number { min, max, bytes } = self.kind else {
             panic!("{} is not declared as a number", self.name)
         };
         let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
             return Ok(default);
         };
-        let bad = |why: String| format!("{}=`{v}`: {why}", self.name);
+        let bad = |why: String| self.error(v, why);
         let unit = if bytes {
             " (K/M/G suffixes allowed)"
         } else {
@@ -312,8 +341,8 @@ impl Knob {
         Ok(n)
     }
 
-    /// `value` (None or blank: the default) as the index of one of the knob's words.
-    pub fn choice(&self, value: Option<&str>) -> Result<&'static str, String> {
+    /// `value` (None or blank: the first, default word) as one of the knob's words.
+    pub fn choice(&self, value: Option<&str>) -> Result<&'static str, KnobError> {
         let Kind::Choice(words) = self.kind else {
             panic!("{} is not declared as a choice", self.name)
         };
@@ -324,7 +353,7 @@ impl Knob {
             .iter()
             .find(|w| w.eq_ignore_ascii_case(v))
             .copied()
-            .ok_or_else(|| format!("{}=`{v}`: expected one of {}", self.name, words.join(", ")))
+            .ok_or_else(|| self.error(v, format!("expected one of {}", words.join(", "))))
     }
 }
 
@@ -353,22 +382,22 @@ mod tests {
         assert_eq!(t.seconds(None, d), Ok(d));
         assert_eq!(t.seconds(Some(" "), d), Ok(d));
         assert_eq!(t.seconds(Some("5"), d), Ok(Duration::from_secs(5)));
-        let e = t.seconds(Some("1e300"), d).unwrap_err();
+        let e = t.seconds(Some("1e300"), d).unwrap_err().to_string();
         assert!(
             e.contains("RAILRING_TIMEOUT=`1e300`: 1e300 is more than the maximum 31536000 s"),
             "{e}"
         );
-        let e = t.seconds(Some("inf"), d).unwrap_err();
+        let e = t.seconds(Some("inf"), d).unwrap_err().to_string();
         assert!(e.contains("more than the maximum"), "{e}");
-        let e = t.seconds(Some("2.5"), d).unwrap_err();
+        let e = t.seconds(Some("2.5"), d).unwrap_err().to_string();
         assert!(e.contains("whole number of seconds"), "{e}");
-        let e = t.seconds(Some("NaN"), d).unwrap_err();
+        let e = t.seconds(Some("NaN"), d).unwrap_err().to_string();
         assert!(
             e.contains("expected a whole number of seconds from 1 to 31536000"),
             "{e}"
         );
         let r = knob(vars::RAIL_TIMEOUT);
-        let e = r.seconds(Some("0.000001"), d).unwrap_err();
+        let e = r.seconds(Some("0.000001"), d).unwrap_err().to_string();
         assert!(e.contains("0.000001 is less than the minimum 1 s"), "{e}");
         let h = knob(RAILRUN_HEARTBEAT);
         assert_eq!(h.seconds(Some("1.5"), d), Ok(Duration::from_millis(1500)));
@@ -380,6 +409,7 @@ mod tests {
         assert!(g
             .seconds(Some("-1"), d)
             .unwrap_err()
+            .to_string()
             .contains("less than the minimum 0 s"));
     }
 
@@ -387,22 +417,26 @@ mod tests {
     fn numbers_name_the_bound_they_break() {
         let f = knob(RAILRUN_FANOUT);
         assert_eq!(f.number(Some("8"), 64), Ok(8));
-        let e = f.number(Some("0"), 64).unwrap_err();
+        let e = f.number(Some("0"), 64).unwrap_err().to_string();
         assert!(e.contains("0 is less than the minimum 1"), "{e}");
-        let e = f.number(Some("-1"), 64).unwrap_err();
+        let e = f.number(Some("-1"), 64).unwrap_err().to_string();
         assert!(e.contains("-1 is less than the minimum 1"), "{e}");
-        let e = f.number(Some("1e20"), 64).unwrap_err();
+        let e = f.number(Some("1e20"), 64).unwrap_err().to_string();
         assert!(e.contains("1e20 is more than the maximum 4096"), "{e}");
         let p = knob(vars::PIPELINE_SEG);
         assert_eq!(p.number(Some("0"), 1), Ok(0));
         assert_eq!(p.number(Some("8M"), 1), Ok(8 << 20));
-        let e = p.number(Some("1T"), 1).unwrap_err();
+        let e = p.number(Some("1T"), 1).unwrap_err().to_string();
         assert!(e.contains("1T is more than the maximum 1073741824"), "{e}");
-        let e = p.number(Some("99999999999999999999G"), 1).unwrap_err();
+        let e = p
+            .number(Some("99999999999999999999G"), 1)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("more than the maximum"), "{e}");
         assert!(p
             .number(Some("x"), 1)
             .unwrap_err()
+            .to_string()
             .contains("expected a whole number"));
     }
 
@@ -411,7 +445,7 @@ mod tests {
         let d = knob(vars::DEBUG);
         assert_eq!(d.choice(None), Ok("WARN"));
         assert_eq!(d.choice(Some("info")), Ok("INFO"));
-        let e = d.choice(Some("bogus")).unwrap_err();
+        let e = d.choice(Some("bogus")).unwrap_err().to_string();
         assert!(
             e.contains("RAILRING_DEBUG=`bogus`: expected one of WARN, ERROR, INFO, DEBUG, TRACE"),
             "{e}"

@@ -173,6 +173,21 @@ fn root_doctor_dirs() -> Vec<String> {
         .collect()
 }
 
+/// `railrun --output-dir dir -np 1 echo OUT`.
+fn echo_into(dir: &Path) -> Output {
+    railrun()
+        .args([
+            "--output-dir",
+            dir.to_str().unwrap(),
+            "-np",
+            "1",
+            "echo",
+            "OUT",
+        ])
+        .output()
+        .unwrap()
+}
+
 /// `--output-dir`: a directory of another user is refused, and so is a planted link or hard
 /// link in a directory of ours; the file it points at keeps its content.
 #[test]
@@ -189,17 +204,7 @@ fn output_dir_refuses_foreign_directories_and_links() {
         v = v.display()
     ));
     assert!(o.status.success(), "{}", text(&o));
-    let o = railrun()
-        .args([
-            "--output-dir",
-            theirs.to_str().unwrap(),
-            "-np",
-            "1",
-            "echo",
-            "OUT",
-        ])
-        .output()
-        .unwrap();
+    let o = echo_into(&theirs);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(
@@ -217,34 +222,14 @@ fn output_dir_refuses_foreign_directories_and_links() {
         ours.display()
     ));
     assert!(o.status.success(), "{}", text(&o));
-    let o = railrun()
-        .args([
-            "--output-dir",
-            ours.to_str().unwrap(),
-            "-np",
-            "1",
-            "echo",
-            "OUT",
-        ])
-        .output()
-        .unwrap();
+    let o = echo_into(&ours);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
     assert!(t.contains("symbolic link"), "{t}");
     assert_eq!(std::fs::read_to_string(&v).unwrap(), "precious\n");
     // without the link the same directory works, and the file is private
     std::fs::remove_file(ours.join("rank.0.out")).unwrap();
-    let o = railrun()
-        .args([
-            "--output-dir",
-            ours.to_str().unwrap(),
-            "-np",
-            "1",
-            "echo",
-            "OUT",
-        ])
-        .output()
-        .unwrap();
+    let o = echo_into(&ours);
     assert!(o.status.success(), "{}", text(&o));
     let f = ours.join("rank.0.out");
     assert_eq!(std::fs::read_to_string(&f).unwrap().trim(), "OUT");

@@ -60,14 +60,17 @@ impl Job<'_> {
         let Some(how) = self.agent_command() else {
             return false;
         };
-        let heartbeat =
-            match proto::heartbeat_timeout(std::env::var(railring::knobs::RAILRUN_HEARTBEAT).ok().as_deref()) {
-                Ok(t) => t,
-                Err(e) => {
-                    self.fail(super::EXIT_CONFIG, e);
-                    return false;
-                }
-            };
+        let heartbeat = match proto::heartbeat_timeout(
+            std::env::var(railring::knobs::RAILRUN_HEARTBEAT)
+                .ok()
+                .as_deref(),
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail(super::EXIT_CONFIG, e);
+                return false;
+            }
+        };
         let fanout = match fanout() {
             Ok(n) => n,
             Err(e) => {
@@ -589,6 +592,7 @@ pub(super) fn fanout() -> Result<usize, String> {
     let k = railring::knobs::knob(railring::knobs::RAILRUN_FANOUT);
     k.number(std::env::var(k.name).ok().as_deref(), k.default_number())
         .map(|n| n as usize)
+        .map_err(String::from)
 }
 
 /// Each agent holds three pipes for the whole job: raise the soft open-file limit towards the
