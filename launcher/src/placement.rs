@@ -490,7 +490,11 @@ pub fn place(src: &HostSource, req: &PlacementRequest) -> Result<Placement, Plac
         let slots = src.total_slots().max(1);
         let limit = slots.saturating_mul(IMPLICIT_OVERSUBSCRIBE);
         if let Some(np) = req.np.filter(|&n| n > limit) {
-            return Err(PlacementError::TooManyLocal { requested: np, slots, limit });
+            return Err(PlacementError::TooManyLocal {
+                requested: np,
+                slots,
+                limit,
+            });
         }
     }
     let allow_over = req.oversubscribe || src.is_implicit();

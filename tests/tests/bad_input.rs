@@ -71,7 +71,10 @@ fn absurd_knobs_are_errors_naming_the_variable() {
     let o = railrun(&["-np", "1", "true"], &[("RAILRUN_HEARTBEAT", "0")]);
     let t = text(&o);
     assert_eq!(o.status.code(), Some(1), "{t}");
-    assert!(t.contains("RAILRUN_HEARTBEAT=`0`: 0 is less than the minimum 1 s"), "{t}");
+    assert!(
+        t.contains("RAILRUN_HEARTBEAT=`0`: 0 is less than the minimum 1 s"),
+        "{t}"
+    );
 }
 
 #[test]

@@ -235,8 +235,13 @@ fn doctor(a: &Args) -> Result<i32, (i32, String)> {
     o.oversubscribe = true;
     // A new private directory (mkdtemp-style: random name, mode 0700) that no other user can
     // have prepared or linked; the probes' output files are written only inside it.
-    let out = railring::private_fs::temp_dir(&std::env::temp_dir(), "railrun-doctor-")
-        .map_err(|e| (EXIT_SWEEP, format!("cannot make a directory for the probes' output: {e}")))?;
+    let out =
+        railring::private_fs::temp_dir(&std::env::temp_dir(), "railrun-doctor-").map_err(|e| {
+            (
+                EXIT_SWEEP,
+                format!("cannot make a directory for the probes' output: {e}"),
+            )
+        })?;
     o.output_dir = Some(out.clone());
     let code = crate::job::run(&o);
     let rank0 = std::fs::read_to_string(out.join("rank.0.out")).unwrap_or_default();

@@ -1125,7 +1125,11 @@ mod stall_tests {
         let key = format!("{:x}", fnv(&[b"h"]));
         let prefix = segment_path(job, 0x77, &key, "");
         let prefix = prefix.file_name().unwrap().to_string_lossy().into_owned();
-        for e in std::fs::read_dir("/dev/shm").into_iter().flatten().flatten() {
+        for e in std::fs::read_dir("/dev/shm")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
                 let _ = std::fs::remove_file(e.path());
             }

@@ -110,12 +110,21 @@ pub(super) fn open_flags(s: &FabricSetup<'_>, l: usize) -> Result<FlagSeg> {
         (f, path)
     } else {
         let tag = s.store.get(&format!("{prefix}/flags"), s.timeout)?;
-        let path = flags_path(s.job, s.comm, s.epoch, s.host_id, &String::from_utf8_lossy(&tag));
+        let path = flags_path(
+            s.job,
+            s.comm,
+            s.epoch,
+            s.host_id,
+            &String::from_utf8_lossy(&tag),
+        );
         if !crate::transport::shm::valid_tag(&tag) {
             let bad = io::Error::new(io::ErrorKind::InvalidData, "no valid name in the store");
             return Err(err("opening", &path, bad));
         }
-        (FlagSeg::map(&path, l, false).map_err(|e| err("opening", &path, e))?, path)
+        (
+            FlagSeg::map(&path, l, false).map_err(|e| err("opening", &path, e))?,
+            path,
+        )
     };
     if s.store.add(&format!("{prefix}/flags-mapped"), 1)? == l as i64 {
         let _ = std::fs::remove_file(&path);
@@ -133,8 +142,14 @@ mod tests {
         let s = p.to_string_lossy();
         assert!(s.starts_with("/dev/shm/railring-gpu-jobxy-1f-7-"), "{s}");
         assert!(s.ends_with("-0a1"), "{s}");
-        assert_ne!(flags_path("j", 1, 1, "a", "t"), flags_path("j", 1, 1, "b", "t"));
-        assert_ne!(flags_path("j", 1, 1, "a", "t"), flags_path("j", 1, 1, "a", "u"));
+        assert_ne!(
+            flags_path("j", 1, 1, "a", "t"),
+            flags_path("j", 1, 1, "b", "t")
+        );
+        assert_ne!(
+            flags_path("j", 1, 1, "a", "t"),
+            flags_path("j", 1, 1, "a", "u")
+        );
     }
 
     #[test]

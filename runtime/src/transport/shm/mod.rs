@@ -208,10 +208,7 @@ fn init_path(path: &Path) -> std::io::Result<PathBuf> {
         .and_then(|r| r.split('-').next())
         .unwrap_or("x");
     let tag = crate::private_fs::random_hex(8)?;
-    Ok(path.with_file_name(format!(
-        "railring-{job}-{tag}.init-{}",
-        std::process::id()
-    )))
+    Ok(path.with_file_name(format!("railring-{job}-{tag}.init-{}", std::process::id())))
 }
 
 /// This process's PID namespace (the inode of `/proc/self/ns/pid`; 0 when unknown): pids in a
@@ -560,7 +557,11 @@ impl Node {
         // renames it into place once its header and pid are written: a crash while reserving
         // or initialising leaves a file the sweep recognises by its dead creator's pid, and
         // a peer never opens a half-made segment.
-        let init = if create { init_path(path)? } else { path.to_path_buf() };
+        let init = if create {
+            init_path(path)?
+        } else {
+            path.to_path_buf()
+        };
         let seg = Segment::map(&init, geo.total(), create)?;
         let node = Node {
             seg,
